@@ -1,0 +1,350 @@
+"""The trimmed drafter: any causal-LM body with an LM head that keeps only the chosen vocabulary rows.
+
+One source of truth for the vocabulary map: the persistent ``d2t`` buffer holds, for every draft id
+(head row) ``i``, the ABSOLUTE target id ``d2t[i]`` (ascending). Everything else (the ``t2d`` lookup,
+EAGLE-3 offsets, SGLang hot-token lists) is derived from it. The map's SHA-256 is also written into the
+config, so a checkpoint whose map is missing or corrupt is refused at load time instead of silently
+mapping draft ids to the first N target ids (the classic acceptance-collapse bug).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    GenerationConfig,
+    GenerationMixin,
+    PreTrainedConfig,
+    PreTrainedModel,
+)
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+MODEL_TYPE = "hf_vocabspec_trimmed_drafter"
+
+# Defaults written into a freshly trimmed drafter's generation_config (users may change them; a value
+# passed to `target.generate(num_assistant_tokens=...)` wins, see generation.py).
+DEFAULT_NUM_ASSISTANT_TOKENS = 5
+DEFAULT_CONFIDENCE_THRESHOLD = 0.0
+
+
+class VocabularyMapError(ValueError):
+    """The draft-id -> target-id map is missing, corrupt, or does not fit the model it is used with."""
+
+
+class TrimmedDrafterConfig(PreTrainedConfig):
+    """Config of a :class:`TrimmedDrafter`.
+
+    ``drafter_config`` is the wrapped body's own config (as a dict) so any architecture round-trips;
+    ``vocab_size`` is the FULL (target) vocabulary the drafter reads and proposes in;
+    ``draft_vocab_size`` is the number of LM-head rows kept.
+    """
+
+    model_type = MODEL_TYPE
+
+    drafter_config: dict | None = None
+    vocab_size: int = 0
+    draft_vocab_size: int = 0
+    vocab_map_sha256: str | None = None
+    target_model: str | None = None
+    target_tokenizer_sha256: str | None = None
+    base_drafter: str | None = None
+    selection: dict | None = None
+    tie_word_embeddings: bool = False
+
+    def body_config(self) -> PreTrainedConfig:
+        if not self.drafter_config:
+            raise VocabularyMapError(
+                "This TrimmedDrafter config has no `drafter_config` (the wrapped model's config). "
+                "Re-create the drafter with `hf_vocabspec.trim_drafter(base_model, keep_token_ids)`."
+            )
+        cfg = dict(self.drafter_config)
+        return AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+
+
+def vocab_map_sha256(d2t: torch.Tensor) -> str:
+    return hashlib.sha256(d2t.detach().to("cpu", torch.int64).contiguous().numpy().tobytes()).hexdigest()
+
+
+def tokenizer_sha256(tokenizer) -> str:
+    """Fingerprint of a tokenizer's token -> id table (drafter and target must share it)."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
+
+
+def _head_transform(body_config: PreTrainedConfig):
+    """Architecture-specific logit post-processing that the causal-LM class applies after its head."""
+    softcap = getattr(body_config, "final_logit_softcapping", None)
+    scaling = getattr(body_config, "logits_scaling", None)  # Granite divides
+    scale = getattr(body_config, "logit_scale", None)  # Cohere multiplies
+
+    def transform(logits: torch.Tensor) -> torch.Tensor:
+        if scaling is not None and scaling != 1:
+            logits = logits / scaling
+        if scale is not None and scale != 1:
+            logits = logits * scale
+        if softcap is not None:
+            logits = torch.tanh(logits / softcap) * softcap
+        return logits
+
+    return transform
+
+
+class TrimmedDrafter(PreTrainedModel, GenerationMixin):
+    """A causal-LM drafter whose LM head keeps only ``config.draft_vocab_size`` rows.
+
+    Input embeddings stay full (any context token can be embedded). ``forward`` returns logits over the
+    FULL vocabulary (pruned ids at -inf) so the model also works standalone; speculative decoding uses
+    :meth:`draft_logits` on the trimmed rows directly and never touches the full vocabulary per token.
+    """
+
+    config_class = TrimmedDrafterConfig
+    base_model_prefix = "model"
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+    _can_compile_fullgraph = False
+    _keys_to_ignore_on_load_unexpected = []
+
+    def __init__(self, config: TrimmedDrafterConfig):
+        super().__init__(config)
+        body_config = config.body_config()
+        self.model = AutoModel.from_config(body_config)
+        self.lm_head = nn.Linear(body_config.hidden_size, config.draft_vocab_size, bias=False)
+        # -1 marks "not loaded": a checkpoint without the map fails validation instead of going silent.
+        self.register_buffer("d2t", torch.full((config.draft_vocab_size,), -1, dtype=torch.long), persistent=True)
+        self._head_transform = _head_transform(body_config)
+        self._t2d: torch.Tensor | None = None
+        self.last_speculation_stats = None
+        self.post_init()
+
+    # --- vocabulary map -------------------------------------------------------------------------------
+    @property
+    def t2d(self) -> torch.Tensor:
+        """target id -> draft id (or -1 where pruned); derived from ``d2t``, cached."""
+        if self._t2d is None or self._t2d.device != self.d2t.device:
+            t2d = torch.full((self.config.vocab_size,), -1, dtype=torch.long, device=self.d2t.device)
+            t2d[self.d2t] = torch.arange(self.d2t.numel(), device=self.d2t.device)
+            self._t2d = t2d
+        return self._t2d
+
+    def kept_token_ids(self) -> torch.Tensor:
+        return self.d2t.clone()
+
+    def validate_vocab_map(self) -> None:
+        """Refuse a missing, corrupt or inconsistent map (names the fix)."""
+        d2t = self.d2t
+        k, v = self.config.draft_vocab_size, self.config.vocab_size
+        fix = "Re-create it with `hf_vocabspec.trim_drafter(base_model, keep_token_ids)` and save it again."
+        if d2t.numel() != k:
+            raise VocabularyMapError(f"Vocabulary map has {d2t.numel()} entries but config.draft_vocab_size={k}. {fix}")
+        if k == 0:
+            raise VocabularyMapError(f"Vocabulary map is empty. {fix}")
+        if bool((d2t < 0).any()):
+            raise VocabularyMapError(
+                "The checkpoint has no draft->target vocabulary map (`d2t` buffer missing from the weights): "
+                f"refusing to guess one, since mapping draft ids to the first N target ids collapses acceptance. {fix}"
+            )
+        if bool((d2t >= v).any()):
+            raise VocabularyMapError(f"Vocabulary map has ids >= vocab_size={v}. {fix}")
+        if k > 1 and not bool((d2t[1:] > d2t[:-1]).all()):
+            raise VocabularyMapError(f"Vocabulary map must be strictly increasing (no duplicates). {fix}")
+        expected = self.config.vocab_map_sha256
+        if expected is not None and vocab_map_sha256(d2t) != expected:
+            raise VocabularyMapError(
+                "The draft->target vocabulary map in the weights does not match the checksum in config.json "
+                f"(weights and config come from different drafters, or the file is corrupt). {fix}"
+            )
+        if self.lm_head.weight.shape[0] != k:
+            raise VocabularyMapError(f"LM head has {self.lm_head.weight.shape[0]} rows, expected {k}. {fix}")
+
+    # --- model plumbing ------------------------------------------------------------------------------
+    def get_input_embeddings(self):
+        return self.model.get_input_embeddings()
+
+    def set_input_embeddings(self, value):
+        self.model.set_input_embeddings(value)
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def draft_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Logits over the KEPT vocabulary only (draft ids); the hot path of drafting."""
+        return self._head_transform(self.lm_head(hidden_states))
+
+    def scatter_to_target(self, draft_logits: torch.Tensor, fill: float = float("-inf")) -> torch.Tensor:
+        """Expand draft-space logits (..., K) to the full target vocabulary (..., V)."""
+        out = draft_logits.new_full((*draft_logits.shape[:-1], self.config.vocab_size), fill)
+        out[..., self.d2t] = draft_logits
+        return out
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values=None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs: Any,
+    ) -> CausalLMOutputWithPast:
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        hidden = out.last_hidden_state
+        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
+            hidden = hidden[:, -logits_to_keep:]
+        logits = self.scatter_to_target(self.draft_logits(hidden).float())
+        return CausalLMOutputWithPast(logits=logits, past_key_values=out.past_key_values)
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs) -> TrimmedDrafter:
+        model = super().from_pretrained(*args, **kwargs)
+        if isinstance(model, tuple):  # output_loading_info=True
+            model[0].validate_vocab_map()
+        else:
+            model.validate_vocab_map()
+        return model
+
+
+def _as_id_list(keep_token_ids: Iterable[int] | torch.Tensor) -> list[int]:
+    if isinstance(keep_token_ids, torch.Tensor):
+        if keep_token_ids.dtype.is_floating_point or keep_token_ids.dtype == torch.bool:
+            raise TypeError("keep_token_ids must hold integer token ids (got a floating/bool tensor).")
+        return [int(i) for i in keep_token_ids.flatten().tolist()]
+    ids = list(keep_token_ids)
+    for i in ids:
+        if isinstance(i, bool) or not isinstance(i, int) and not (hasattr(i, "__index__")):
+            raise TypeError(f"keep_token_ids must hold integer token ids; got {i!r}.")
+    return [int(i) for i in ids]
+
+
+def special_token_ids(model: PreTrainedModel | None = None, tokenizer=None) -> list[int]:
+    """Ids that must always stay draftable: EOS/BOS/PAD and the tokenizer's special / chat-template tokens."""
+    ids: set[int] = set()
+
+    def add(v):
+        if v is None:
+            return
+        if isinstance(v, (list, tuple)):
+            for x in v:
+                add(x)
+        elif isinstance(v, torch.Tensor):
+            add(v.flatten().tolist())
+        else:
+            ids.add(int(v))
+
+    if model is not None:
+        for cfg in (model.config, getattr(model, "generation_config", None)):
+            if cfg is None:
+                continue
+            for name in ("eos_token_id", "bos_token_id", "pad_token_id"):
+                add(getattr(cfg, name, None))
+    if tokenizer is not None:
+        add(tokenizer.all_special_ids)
+        for idx, tok in getattr(tokenizer, "added_tokens_decoder", {}).items():
+            if getattr(tok, "special", False):
+                add(idx)
+    return sorted(ids)
+
+
+def trim_drafter(
+    model: PreTrainedModel,
+    keep_token_ids: Sequence[int] | torch.Tensor,
+    *,
+    tokenizer=None,
+    target_model: str | None = None,
+    always_keep_special_tokens: bool = True,
+    selection: dict | None = None,
+) -> TrimmedDrafter:
+    """Build a :class:`TrimmedDrafter` from any HF causal LM, keeping only ``keep_token_ids`` in its head.
+
+    Special tokens (EOS/BOS/PAD, and the tokenizer's special and chat-template tokens when ``tokenizer``
+    is given) are always kept so the drafter can end a turn. The body is reused (not copied); the kept
+    head rows are copied, so tied embeddings become untied.
+    """
+    if isinstance(model, TrimmedDrafter):
+        raise ValueError("This model is already trimmed: trim the original (untrimmed) drafter instead.")
+    head = model.get_output_embeddings()
+    if head is None or not hasattr(head, "weight"):
+        raise ValueError(f"{type(model).__name__} has no LM head (get_output_embeddings() is None): pass a causal LM.")
+    body = getattr(model, getattr(model, "base_model_prefix", "model"), None)
+    if body is None or body is model:
+        body = model.get_decoder()
+    full_vocab = head.weight.shape[0]
+    config_vocab = model.config.get_text_config().vocab_size
+    vocab_size = max(full_vocab, config_vocab)
+
+    ids = _as_id_list(keep_token_ids)
+    if not ids:
+        raise ValueError("keep_token_ids is empty: keep at least the tokens your workload uses.")
+    bad = [i for i in ids if i < 0 or i >= full_vocab]
+    if bad:
+        raise ValueError(
+            f"keep_token_ids has {len(bad)} id(s) outside the drafter's vocabulary [0, {full_vocab}), e.g. {bad[:5]}: "
+            "were they counted with a different tokenizer? Count with the target's tokenizer."
+        )
+    if len(set(ids)) != len(ids):
+        dup = len(ids) - len(set(ids))
+        raise ValueError(f"keep_token_ids has {dup} duplicate id(s): pass unique ids, e.g. sorted(set(ids)).")
+    forced = special_token_ids(model, tokenizer) if always_keep_special_tokens else []
+    forced = [i for i in forced if 0 <= i < full_vocab]
+    d2t = torch.tensor(sorted(set(ids) | set(forced)), dtype=torch.long)
+
+    body_cfg = body.config.to_dict()
+    body_cfg.pop("_name_or_path", None)
+    config = TrimmedDrafterConfig(
+        drafter_config=body_cfg,
+        vocab_size=vocab_size,
+        draft_vocab_size=int(d2t.numel()),
+        vocab_map_sha256=vocab_map_sha256(d2t),
+        target_model=target_model,
+        target_tokenizer_sha256=tokenizer_sha256(tokenizer) if tokenizer is not None else None,
+        base_drafter=getattr(model.config, "_name_or_path", None) or None,
+        selection=selection,
+        bos_token_id=model.config.get_text_config().bos_token_id,
+        eos_token_id=model.config.get_text_config().eos_token_id,
+        pad_token_id=model.config.get_text_config().pad_token_id,
+    )
+    dtype = head.weight.dtype
+    with torch.device("meta"):
+        drafter = TrimmedDrafter(config)
+    drafter.model = body
+    weight = head.weight.detach()[d2t.to(head.weight.device)].clone()
+    drafter.lm_head = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=dtype)
+    drafter.lm_head.weight.data.copy_(weight)
+    drafter.d2t = d2t.to(weight.device)
+    drafter.config.dtype = dtype
+    drafter._head_transform = _head_transform(body.config)
+    gen = GenerationConfig.from_model_config(model.config) if getattr(model, "generation_config", None) is None else (
+        GenerationConfig.from_dict(model.generation_config.to_dict())
+    )
+    gen.num_assistant_tokens = DEFAULT_NUM_ASSISTANT_TOKENS
+    gen.num_assistant_tokens_schedule = "constant"
+    gen.assistant_confidence_threshold = DEFAULT_CONFIDENCE_THRESHOLD
+    drafter.generation_config = gen
+    leftovers = [n for n, p in list(drafter.named_parameters()) + list(drafter.named_buffers()) if p.is_meta]
+    if leftovers:
+        raise RuntimeError(f"trim_drafter left uninitialised tensors: {leftovers[:5]}")
+    drafter.validate_vocab_map()
+    drafter.eval()
+    return drafter
+
+
+AutoConfig.register(MODEL_TYPE, TrimmedDrafterConfig, exist_ok=True)
+AutoModelForCausalLM.register(TrimmedDrafterConfig, TrimmedDrafter, exist_ok=True)

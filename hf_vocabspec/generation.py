@@ -1,0 +1,286 @@
+"""Drafting with a TrimmedDrafter inside ``target.generate(assistant_model=drafter)``.
+
+Design (why it looks like this):
+- transformers has no public hook for a user-supplied candidate generator, so at import we wrap
+  ``GenerationMixin._get_candidate_generator`` (keyword-called, stable 4.57 -> 5.23): when the assistant is
+  a :class:`TrimmedDrafter` it returns our :class:`TrimmedCandidateGenerator`; anything else goes to the
+  original untouched. The verification loop (``_assisted_decoding``, ``_speculative_sampling``) stays HF's.
+- The generator subclasses ``AssistedCandidateGenerator`` for its bookkeeping (assistant generation
+  config, num_assistant_tokens schedule, main-model max length) but runs its own draft loop: body forward,
+  trimmed head, logits processors translated to draft space, sample/argmax, map to target ids. No step
+  touches the full target vocabulary; the full-vocabulary q is materialised once per round, and only
+  under sampling (greedy verification does not read it).
+- Lossless by construction: under sampling the returned q is exactly the distribution each draft token
+  was drawn from (float32, scattered with -inf on pruned ids), and HF's verifier accepts/resamples
+  against the target's p. The target's processors (temperature, top-k/p, repetition penalty) are applied
+  ONCE to the draft (no double temperature as in HF's assistant.generate path).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+from transformers import GenerationMixin
+from transformers.cache_utils import DynamicCache
+from transformers.generation.candidate_generator import AssistedCandidateGenerator
+from transformers.generation.logits_process import (
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
+    LogitNormalization,
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    TypicalLogitsWarper,
+)
+
+from .drafter import TrimmedDrafter, VocabularyMapError
+
+# Processors that only look at logit VALUES (not token ids): valid as-is on the K kept logits.
+_VALUE_ONLY = (
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    MinPLogitsWarper,
+    TypicalLogitsWarper,
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
+    LogitNormalization,
+)
+try:  # newer transformers
+    from transformers.generation.logits_process import TopHLogitsWarper
+
+    _VALUE_ONLY = (*_VALUE_ONLY, TopHLogitsWarper)
+except ImportError:  # pragma: no cover
+    pass
+
+
+@dataclass
+class SpeculationStats:
+    """Counters of one ``generate`` call (field terms as in vLLM/NeMo)."""
+
+    rounds: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    draft_steps: int = 0
+    per_round_accepted: list[int] = field(default_factory=list)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """accepted / proposed draft tokens."""
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """tau = 1 + accepted / verify rounds (counts the bonus token)."""
+        return 1.0 + self.accepted / self.rounds if self.rounds else 0.0
+
+
+class _DraftRepetitionPenalty:
+    """RepetitionPenaltyLogitsProcessor on draft-space logits: map context ids through t2d first."""
+
+    def __init__(self, proc: RepetitionPenaltyLogitsProcessor, t2d: torch.Tensor):
+        self.penalty = proc.penalty
+        self.prompt_ignore_length = proc.prompt_ignore_length
+        self.t2d = t2d
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        ids = input_ids[0]
+        if isinstance(self.prompt_ignore_length, int):
+            ids = ids[self.prompt_ignore_length :]
+        elif isinstance(self.prompt_ignore_length, torch.Tensor):
+            ids = ids[int(self.prompt_ignore_length[0]) :]
+        draft_ids = self.t2d[ids]
+        draft_ids = torch.unique(draft_ids[draft_ids >= 0])[None, :]
+        picked = scores.gather(1, draft_ids)
+        picked = torch.where(picked < 0, picked * self.penalty, picked / self.penalty)
+        return scores.scatter(1, draft_ids, picked)
+
+
+class _FullVocabFallback:
+    """Any other (id-indexed) processor: apply it on the full vocabulary, read back the kept rows.
+
+    Correct for every processor but O(V) per drafted token; only used for processors we do not know.
+    """
+
+    def __init__(self, proc, drafter: TrimmedDrafter):
+        self.proc = proc
+        self.drafter = drafter
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        full = self.drafter.scatter_to_target(scores)
+        return self.proc(input_ids, full)[..., self.drafter.d2t]
+
+
+def draft_space_processors(logits_processor, drafter: TrimmedDrafter) -> list:
+    """Translate the target's logits processors to act on the drafter's K kept logits."""
+    out = []
+    for proc in logits_processor or []:
+        if isinstance(proc, _VALUE_ONLY):
+            out.append(proc)
+        elif isinstance(proc, RepetitionPenaltyLogitsProcessor):
+            out.append(_DraftRepetitionPenalty(proc, drafter.t2d))
+        else:
+            warnings.warn(
+                f"hf_vocabspec: {type(proc).__name__} is applied to drafts over the full vocabulary "
+                "(correct, but O(vocab) per drafted token).",
+                stacklevel=3,
+            )
+            out.append(_FullVocabFallback(proc, drafter))
+    return out
+
+
+class TrimmedCandidateGenerator(AssistedCandidateGenerator):
+    """Drafts in the trimmed vocabulary; returns target ids and (under sampling) the exact full-vocab q."""
+
+    def __init__(
+        self,
+        input_ids: torch.LongTensor,
+        assistant_model: TrimmedDrafter,
+        generation_config,
+        model_kwargs: dict,
+        inputs_tensor: torch.Tensor | None = None,
+        logits_processor=None,
+        target_vocab_size: int | None = None,
+    ):
+        super().__init__(input_ids, assistant_model, generation_config, model_kwargs, inputs_tensor, logits_processor)
+        drafter = assistant_model
+        drafter.validate_vocab_map()
+        if target_vocab_size is not None and target_vocab_size != drafter.config.vocab_size:
+            raise VocabularyMapError(
+                f"The drafter was trimmed for a vocabulary of {drafter.config.vocab_size} tokens but the target has "
+                f"{target_vocab_size}: drafter and target must share a tokenizer. Trim a drafter that uses the "
+                "target's tokenizer (hf_vocabspec.trim_drafter)."
+            )
+        if generation_config.assistant_ensemble_weight is not None:
+            raise ValueError(
+                "assistant_ensemble_weight makes verification lossy; hf_vocabspec only does lossless speculative "
+                "decoding. Remove `assistant_ensemble_weight`."
+            )
+        # num_assistant_tokens & co: a value passed to target.generate() (anything but the library default)
+        # wins over the drafter's generation_config; HF ignores it otherwise (transformers #40739).
+        defaults = generation_config._get_default_generation_params()
+        for name in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"):
+            value = getattr(generation_config, name, None)
+            if value is not None and value != defaults.get(name):
+                setattr(self.assistant_generation_config, name, value)
+        self.num_assistant_tokens = self.assistant_generation_config.num_assistant_tokens
+        self.assistant_confidence_threshold = self.assistant_generation_config.assistant_confidence_threshold
+        self.drafter = drafter
+        self.do_sample = bool(generation_config.do_sample)
+        self.draft_processors = draft_space_processors(self.logits_processor, drafter)
+        eos = generation_config._eos_token_tensor if hasattr(generation_config, "_eos_token_tensor") else None
+        if eos is None and generation_config.eos_token_id is not None:
+            eos = torch.tensor(generation_config.eos_token_id).flatten()
+        self.eos = eos.to(drafter.device) if eos is not None else None
+        self.cache = None
+        self.fed = torch.empty(0, dtype=torch.long, device=drafter.device)
+        self.stats = SpeculationStats()
+        drafter.last_speculation_stats = self.stats
+
+    def _sync_cache(self, input_ids: torch.LongTensor) -> torch.LongTensor:
+        """Roll the drafter cache back to the longest prefix it shares with input_ids; return ids to feed."""
+        if self.cache is None:
+            self.cache = DynamicCache(config=self.drafter.model.config)
+            if hasattr(self.cache, "activate_past_recording"):
+                self.cache.activate_past_recording()
+        seq = input_ids[0]
+        n = min(self.fed.numel(), seq.numel() - 1)
+        same = self.fed[:n] == seq[:n]
+        keep = n if bool(same.all()) else int((~same).nonzero()[0])
+        remove = self.fed.numel() - keep
+        self.cache.crop(-remove)
+        self.fed = self.fed[:keep]
+        return input_ids[:, keep:]
+
+    @torch.no_grad()
+    def get_candidates(self, input_ids: torch.LongTensor, *args, **kwargs):
+        drafter = self.drafter
+        input_ids = input_ids.to(drafter.device)
+        cur_len = input_ids.shape[1]
+        max_new = min(int(self.num_assistant_tokens), self.main_model_max_length - cur_len - 1)
+        if max_new <= 0:
+            return input_ids, None
+        to_feed = self._sync_cache(input_ids)
+        seq = input_ids
+        drafted_logits = []
+        drafted_ids = []
+        for _ in range(max_new):
+            start = self.fed.numel()
+            positions = torch.arange(start, start + to_feed.shape[1], device=drafter.device)[None, :]
+            out = drafter.model(input_ids=to_feed, position_ids=positions, past_key_values=self.cache, use_cache=True)
+            self.fed = torch.cat([self.fed, to_feed[0]])
+            logits = drafter.draft_logits(out.last_hidden_state[:, -1]).float()
+            for proc in self.draft_processors:
+                logits = proc(seq, logits)
+            if self.do_sample:
+                probs = logits.softmax(dim=-1)
+                idx = torch.multinomial(probs, num_samples=1)
+                drafted_logits.append(logits)
+            else:
+                idx = logits.argmax(dim=-1, keepdim=True)
+            token = drafter.d2t[idx]  # (1, 1) target id
+            drafted_ids.append(token)
+            seq = torch.cat([seq, token], dim=1)
+            to_feed = token
+            self.stats.draft_steps += 1
+            if self.eos is not None and bool(torch.isin(token, self.eos).any()):
+                break
+            if self.assistant_confidence_threshold and not self.do_sample:
+                if float(logits.softmax(dim=-1).max()) < self.assistant_confidence_threshold:
+                    break
+        candidate_logits = None
+        if self.do_sample:
+            stacked = torch.stack(drafted_logits, dim=1)  # (1, L, K)
+            candidate_logits = drafter.scatter_to_target(stacked)  # once per round: (1, L, V)
+        return seq, candidate_logits
+
+    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int):
+        proposed = scores.shape[1] - 1
+        self.stats.rounds += 1
+        self.stats.proposed += proposed
+        self.stats.accepted += int(num_matches)
+        self.stats.per_round_accepted.append(int(num_matches))
+        schedule = self.assistant_generation_config.num_assistant_tokens_schedule
+        if schedule in {"heuristic", "heuristic_transient"}:
+            if num_matches == proposed:
+                self.num_assistant_tokens += 2
+            else:
+                self.num_assistant_tokens = max(1, self.num_assistant_tokens - 1)
+
+
+_ORIGINAL_GET_CANDIDATE_GENERATOR = None
+
+
+def install() -> None:
+    """Route ``assistant_model=<TrimmedDrafter>`` to our generator; idempotent, leaves other cases alone."""
+    global _ORIGINAL_GET_CANDIDATE_GENERATOR
+    if _ORIGINAL_GET_CANDIDATE_GENERATOR is not None:
+        return
+    original = GenerationMixin._get_candidate_generator
+    _ORIGINAL_GET_CANDIDATE_GENERATOR = original
+
+    def _get_candidate_generator(self, *args, **kwargs):
+        assistant = kwargs.get("assistant_model")
+        if not isinstance(assistant, TrimmedDrafter):
+            return original(self, *args, **kwargs)
+        if args:
+            raise TypeError("hf_vocabspec expects transformers to call _get_candidate_generator with keywords.")
+        return TrimmedCandidateGenerator(
+            input_ids=kwargs["input_ids"],
+            assistant_model=assistant,
+            generation_config=kwargs["generation_config"],
+            model_kwargs=kwargs["model_kwargs"],
+            inputs_tensor=kwargs.get("inputs_tensor"),
+            logits_processor=kwargs.get("logits_processor"),
+            target_vocab_size=self.config.get_text_config().vocab_size,
+        )
+
+    _get_candidate_generator.__wrapped__ = original
+    GenerationMixin._get_candidate_generator = _get_candidate_generator
+
+
+install()
