@@ -29,6 +29,8 @@ from transformers.generation.logits_process import (
     EpsilonLogitsWarper,
     EtaLogitsWarper,
     LogitNormalization,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
     MinPLogitsWarper,
     RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
@@ -100,6 +102,27 @@ class _DraftRepetitionPenalty:
         return scores.scatter(1, draft_ids, picked)
 
 
+class _DraftMinLength:
+    """Min-length / min-new-tokens processors: mask the (kept) EOS rows while the sequence is too short."""
+
+    def __init__(self, proc, t2d: torch.Tensor):
+        self.min_length = getattr(proc, "min_length", None)
+        self.prompt_length_to_skip = getattr(proc, "prompt_length_to_skip", 0)
+        self.min_new_tokens = getattr(proc, "min_new_tokens", None)
+        eos = t2d[proc.eos_token_id.flatten().to(t2d.device)]
+        self.eos_draft_ids = eos[eos >= 0]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.min_new_tokens is not None:
+            too_short = input_ids.shape[-1] - self.prompt_length_to_skip < self.min_new_tokens
+        else:
+            too_short = input_ids.shape[-1] < self.min_length
+        if too_short and self.eos_draft_ids.numel():
+            scores = scores.clone()
+            scores[:, self.eos_draft_ids] = float("-inf")
+        return scores
+
+
 class _FullVocabFallback:
     """Any other (id-indexed) processor: apply it on the full vocabulary, read back the kept rows.
 
@@ -123,6 +146,8 @@ def draft_space_processors(logits_processor, drafter: TrimmedDrafter) -> list:
             out.append(proc)
         elif isinstance(proc, RepetitionPenaltyLogitsProcessor):
             out.append(_DraftRepetitionPenalty(proc, drafter.t2d))
+        elif isinstance(proc, (MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor)):
+            out.append(_DraftMinLength(proc, drafter.t2d))
         else:
             warnings.warn(
                 f"hf_vocabspec: {type(proc).__name__} is applied to drafts over the full vocabulary "
@@ -192,7 +217,8 @@ class TrimmedCandidateGenerator(AssistedCandidateGenerator):
         same = self.fed[:n] == seq[:n]
         keep = n if bool(same.all()) else int((~same).nonzero()[0])
         remove = self.fed.numel() - keep
-        self.cache.crop(-remove)
+        if self.fed.numel():  # crop() on a never-filled sliding layer fails
+            self.cache.crop(-remove)
         self.fed = self.fed[:keep]
         return input_ids[:, keep:]
 

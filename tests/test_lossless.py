@@ -1,0 +1,179 @@
+"""The one promise: output distribution is exactly the target's.
+
+Sampling tests draw thousands of short generations through ``target.generate(assistant_model=drafter)``
+and compare the marginals of the first two generated tokens with the EXACT target marginals (computed
+by enumerating the small vocabulary), using a chi-square goodness-of-fit test. Threshold: p-value >= 1e-3
+passes (seeds are fixed, so the outcome is deterministic). The same check run with a deliberately
+mis-mapped q must fail, which shows the test has power.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy import stats
+from tiny import EOS, VOCAB, make_pair
+from transformers import LogitsProcessorList
+from transformers.generation.logits_process import (
+    RepetitionPenaltyLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+import hf_vocabspec
+
+PVALUE_THRESHOLD = 1e-3
+N_DRAWS = 2000
+PROMPT = torch.tensor([[1, 5, 7, 12, 9]])
+
+
+def reference_processors(temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0) -> LogitsProcessorList:
+    """The processors HF builds for these knobs, in HF's order (min length, penalties, then warpers).
+
+    The draws use min_new_tokens=3, so EOS is impossible at the two positions tested.
+    """
+    procs = LogitsProcessorList([SuppressTokensLogitsProcessor([EOS])])
+    if repetition_penalty != 1.0:
+        procs.append(RepetitionPenaltyLogitsProcessor(repetition_penalty))
+    if temperature != 1.0:
+        procs.append(TemperatureLogitsWarper(temperature))
+    if top_k:
+        procs.append(TopKLogitsWarper(top_k))
+    if top_p < 1.0:
+        procs.append(TopPLogitsWarper(top_p))
+    return procs
+
+
+@torch.no_grad()
+def exact_marginals(target, prompt, knobs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact distributions of generated tokens 1 and 2 under target-only sampling."""
+    procs = reference_processors(**knobs)
+    logits1 = target(prompt).logits[:, -1].float()
+    p1 = procs(prompt, logits1).softmax(-1)[0].double()
+    ctx = torch.cat([prompt.repeat(VOCAB, 1), torch.arange(VOCAB)[:, None]], dim=1)
+    logits2 = target(ctx).logits[:, -1].float()
+    p2_given = torch.stack([procs(ctx[i : i + 1], logits2[i : i + 1])[0] for i in range(VOCAB)]).softmax(-1).double()
+    return p1, p1 @ p2_given
+
+
+def draw(target, drafter, knobs, n=N_DRAWS, seed=1234) -> torch.Tensor:
+    torch.manual_seed(seed)
+    L = PROMPT.shape[1]
+    out = torch.empty(n, 2, dtype=torch.long)
+    for i in range(n):
+        seq = target.generate(
+            PROMPT,
+            attention_mask=torch.ones_like(PROMPT),
+            do_sample=True,
+            max_new_tokens=3,
+            min_new_tokens=3,
+            num_assistant_tokens=2,
+            assistant_model=drafter,
+            **({"top_k": 0} | knobs),
+        )
+        out[i] = seq[0, L : L + 2]
+    return out
+
+
+def chi2_pvalue(samples: torch.Tensor, probs: torch.Tensor) -> float:
+    """Goodness of fit; cells with expected count < 5 are pooled into one cell."""
+    n = samples.numel()
+    observed = torch.bincount(samples, minlength=probs.numel()).double()
+    expected = probs * n
+    big = expected >= 5
+    obs = torch.cat([observed[big], observed[~big].sum()[None]])
+    exp = torch.cat([expected[big], expected[~big].sum()[None]])
+    if exp[-1] < 1e-9:
+        obs, exp = obs[:-1], exp[:-1]
+    exp = exp * obs.sum() / exp.sum()
+    return float(stats.chisquare(obs.numpy(), exp.numpy()).pvalue)
+
+
+def check_lossless(target, drafter, knobs, pruned_probe: int | None = None) -> dict:
+    p1, p2 = exact_marginals(target, PROMPT, knobs)
+    samples = draw(target, drafter, knobs)
+    result = {"p_first": chi2_pvalue(samples[:, 0], p1), "p_second": chi2_pvalue(samples[:, 1], p2)}
+    assert result["p_first"] >= PVALUE_THRESHOLD, result
+    assert result["p_second"] >= PVALUE_THRESHOLD, result
+    if pruned_probe is not None:
+        # A token the drafter cannot propose still appears at the target's rate (it comes from the residual).
+        n = samples.shape[0]
+        rate, expect = float((samples[:, 0] == pruned_probe).double().mean()), float(p1[pruned_probe])
+        z = abs(rate - expect) / max((expect * (1 - expect) / n) ** 0.5, 1e-12)
+        result["pruned_rate"], result["pruned_expected"], result["z"] = rate, expect, z
+        assert expect > 0.02, "test setup: the probe token should carry real target mass"
+        assert z < 4.0, result
+    return result
+
+
+def pruned_drafter(kind="llama", n_pruned=24, seed=0):
+    """Trim so that the target's 2nd most likely first token is pruned (exercises the residual)."""
+    target, base = make_pair(kind, seed=seed, head_scale=12.0)
+    with torch.no_grad():
+        p1 = target(PROMPT).logits[0, -1].softmax(-1)
+    order = p1.argsort(descending=True).tolist()
+    probe = order[1]
+    rest = [t for t in order[3:] if t != 2]
+    pruned = {probe, *rest[:n_pruned - 1]}
+    keep = [t for t in range(VOCAB) if t not in pruned]
+    drafter = hf_vocabspec.trim_drafter(base, keep)
+    assert probe not in drafter.d2t.tolist()
+    return target, drafter, probe
+
+
+@pytest.fixture(scope="module")
+def llama_pair():
+    return pruned_drafter("llama")
+
+
+def test_sampling_t1_is_lossless_and_pruned_token_keeps_target_rate(llama_pair):
+    target, drafter, probe = llama_pair
+    res = check_lossless(target, drafter, {}, pruned_probe=probe)
+    assert drafter.last_speculation_stats.proposed > 0
+
+
+def test_sampling_with_temperature_topk_topp_is_lossless(llama_pair):
+    target, drafter, _ = llama_pair
+    check_lossless(target, drafter, {"temperature": 0.7, "top_k": 20, "top_p": 0.9})
+
+
+def test_sampling_with_repetition_penalty_is_lossless(llama_pair):
+    target, drafter, _ = llama_pair
+    check_lossless(target, drafter, {"repetition_penalty": 1.5, "temperature": 1.3})
+
+
+def test_sampling_gemma3_sliding_window_softcap_is_lossless():
+    target, drafter, probe = pruned_drafter("gemma3")
+    check_lossless(target, drafter, {"temperature": 0.8}, pruned_probe=probe)
+
+
+def test_mismapped_q_is_detected(llama_pair, monkeypatch):
+    """Power check: if q is scattered with a permuted map (q no longer the law drafts came from), fail."""
+    target, drafter, probe = llama_pair
+    permuted = drafter.d2t.roll(1)
+
+    def wrong_scatter(draft_logits, fill=float("-inf")):
+        out = draft_logits.new_full((*draft_logits.shape[:-1], drafter.config.vocab_size), fill)
+        out[..., permuted] = draft_logits
+        return out
+
+    monkeypatch.setattr(drafter, "scatter_to_target", wrong_scatter)
+    with pytest.raises(AssertionError):
+        check_lossless(target, drafter, {}, pruned_probe=probe)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])
+def test_greedy_identical_to_target_on_many_prompts(kind):
+    target, base = make_pair(kind, seed=3, head_scale=8.0)
+    drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)) + [3, 5])
+    g = torch.Generator().manual_seed(0)
+    accepted = 0
+    for _ in range(12):
+        prompt = torch.randint(3, VOCAB, (1, int(torch.randint(1, 12, (1,), generator=g))), generator=g)
+        ref = target.generate(prompt, do_sample=False, max_new_tokens=40)
+        out = target.generate(prompt, do_sample=False, max_new_tokens=40, assistant_model=drafter)
+        assert torch.equal(ref, out), (prompt, ref, out)
+        accepted += drafter.last_speculation_stats.accepted
+    assert accepted > 0  # drafts were really proposed and used
