@@ -214,12 +214,17 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs) -> TrimmedDrafter:
-        model = super().from_pretrained(*args, **kwargs)
-        if isinstance(model, tuple):  # output_loading_info=True
-            model[0].validate_vocab_map()
-        else:
-            model.validate_vocab_map()
-        return model
+        """As ``PreTrainedModel.from_pretrained``, then refuse a checkpoint whose vocabulary map is bad."""
+        want_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        if any(key == "d2t" or key.endswith(".d2t") for key in info.get("missing_keys", ())):
+            raise VocabularyMapError(
+                "The checkpoint has no draft->target vocabulary map (`d2t` missing from the weights): refusing to "
+                "guess one, since mapping draft ids to the first N target ids collapses acceptance. Re-create it "
+                "with `hf_vocabspec.trim_drafter(base_model, keep_token_ids)` and save it again."
+            )
+        model.validate_vocab_map()
+        return (model, info) if want_info else model
 
 
 def _as_id_list(keep_token_ids: Iterable[int] | torch.Tensor) -> list[int]:

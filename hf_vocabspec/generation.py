@@ -69,6 +69,7 @@ class SpeculationStats:
     accepted: int = 0
     draft_steps: int = 0
     per_round_accepted: list[int] = field(default_factory=list)
+    per_round_proposed: list[int] = field(default_factory=list)
 
     @property
     def acceptance_rate(self) -> float:
@@ -270,6 +271,7 @@ class TrimmedCandidateGenerator(AssistedCandidateGenerator):
         self.stats.proposed += proposed
         self.stats.accepted += int(num_matches)
         self.stats.per_round_accepted.append(int(num_matches))
+        self.stats.per_round_proposed.append(proposed)
         schedule = self.assistant_generation_config.num_assistant_tokens_schedule
         if schedule in {"heuristic", "heuristic_transient"}:
             if num_matches == proposed:
