@@ -212,6 +212,14 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
         logits = self.scatter_to_target(self.draft_logits(hidden).float())
         return CausalLMOutputWithPast(logits=logits, past_key_values=out.past_key_values)
 
+    def generate(self, *args, **kwargs):
+        """Standalone generation (not the speculative hot path): give HF a cache built from the body config."""
+        if kwargs.get("past_key_values") is None and kwargs.get("use_cache", True):
+            from transformers.cache_utils import DynamicCache
+
+            kwargs["past_key_values"] = DynamicCache(config=self.model.config)
+        return super().generate(*args, **kwargs)
+
     @classmethod
     def from_pretrained(cls, *args, **kwargs) -> TrimmedDrafter:
         """As ``PreTrainedModel.from_pretrained``, then refuse a checkpoint whose vocabulary map is bad."""
