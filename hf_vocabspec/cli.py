@@ -1,0 +1,220 @@
+"""``hf-vocabspec``: count assistant-token coverage, trim a drafter, and the end-to-end demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _log(msg: str) -> None:
+    print(f"[hf-vocabspec] {msg}", file=sys.stderr, flush=True)
+
+
+def _count(args) -> "object":
+    from .coverage import count_assistant_tokens
+    from .offline import load_chat_dataset, load_tokenizer
+
+    tokenizer = load_tokenizer(args.tokenizer)
+    dataset = load_chat_dataset(args.dataset)
+    return count_assistant_tokens(dataset, tokenizer, max_examples=args.max_examples, progress=True)
+
+
+def cmd_count(args) -> int:
+    counts = _count(args)
+    counts.save(args.output)
+    _log(f"counted {counts.num_tokens:,} assistant tokens in {counts.num_assistant_turns:,} turns -> {args.output}")
+    for c in (0.9, 0.95, 0.99):
+        _log(f"  coverage {c:.0%}: top-{counts.smallest_k_for_coverage(c):,} tokens")
+    return 0
+
+
+def keep_ids_for_coverage(counts, min_coverage: float) -> torch.Tensor:
+    """The smallest top-k set (by count) whose coverage reaches ``min_coverage``."""
+    return counts.top_k(counts.smallest_k_for_coverage(min_coverage))
+
+
+def cmd_trim(args) -> int:
+    from .coverage import TokenCounts
+    from .drafter import trim_drafter
+    from .offline import load_model, load_tokenizer
+
+    tokenizer = load_tokenizer(args.tokenizer or args.drafter)
+    if args.counts:
+        counts = TokenCounts.load(args.counts)
+    else:
+        args.tokenizer = args.tokenizer or args.drafter
+        counts = _count(args)
+    keep = keep_ids_for_coverage(counts, args.min_coverage)
+    model = load_model(args.drafter, dtype=DTYPES[args.dtype])
+    drafter = trim_drafter(
+        model, keep, tokenizer=tokenizer, target_model=args.target,
+        selection={"method": "top-k by assistant-token count", "min_coverage": args.min_coverage,
+                   "k": int(keep.numel()), "coverage": counts.coverage(int(keep.numel()))},
+    )
+    drafter.save_pretrained(args.output)
+    tokenizer.save_pretrained(args.output)
+    _log(f"kept {drafter.config.draft_vocab_size:,} of {drafter.config.vocab_size:,} tokens "
+         f"(coverage {counts.coverage(int(keep.numel())):.2%}) -> {args.output}")
+    return 0
+
+
+def _eval_prompts(dataset, tokenizer, start: int, n: int, max_prompt_tokens: int) -> list[torch.LongTensor]:
+    """First user turns of held-out conversations, chat-templated with a generation prompt."""
+    prompts = []
+    for i in range(start, len(dataset)):
+        msgs = dataset[i]["messages"]
+        first_user = next((m for m in msgs if m["role"] == "user"), None)
+        if first_user is None or len(first_user["content"]) < 20:
+            continue
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": first_user["content"]}], add_generation_prompt=True,
+            return_tensors="pt", return_dict=True,
+        )["input_ids"]
+        if ids.shape[1] <= max_prompt_tokens:
+            prompts.append(ids)
+        if len(prompts) == n:
+            break
+    return prompts
+
+
+def cmd_demo(args) -> int:
+    from tqdm.auto import tqdm
+
+    from .benchmark import Method, compare_methods, format_table
+    from .drafter import TrimmedDrafter, trim_drafter
+    from .offline import load_chat_dataset, load_model, load_tokenizer
+
+    torch.set_num_threads(args.threads or torch.get_num_threads())
+    out_dir = Path(args.output)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+
+    _log(f"1/5 counting assistant tokens of {args.dataset} with the tokenizer of {args.target}")
+    tokenizer = load_tokenizer(args.target)
+    dataset = load_chat_dataset(args.dataset)
+    from .coverage import count_assistant_tokens
+
+    counts = count_assistant_tokens(dataset, tokenizer, max_examples=args.count_examples, progress=True)
+    counts.save(out_dir / "counts.safetensors")
+    keep = keep_ids_for_coverage(counts, args.min_coverage)
+    k = int(keep.numel())
+    _log(f"    {counts.num_tokens:,} tokens; top-{k:,} of {len(tokenizer):,} cover {counts.coverage(k):.2%}")
+
+    _log(f"2/5 loading target (fp32) and drafter ({args.drafter_dtype} copy of the target)")
+    target = load_model(args.target, dtype=torch.float32).eval()
+    drafter_full = load_model(args.drafter or args.target, dtype=DTYPES[args.drafter_dtype]).eval()
+    for m in (drafter_full,):
+        m.generation_config.num_assistant_tokens = args.num_assistant_tokens
+        m.generation_config.num_assistant_tokens_schedule = "constant"
+        m.generation_config.assistant_confidence_threshold = 0.0
+
+    _log("3/5 trimming, saving and reloading the drafter")
+    trimmed = trim_drafter(
+        load_model(args.drafter or args.target, dtype=DTYPES[args.drafter_dtype]), keep, tokenizer=tokenizer,
+        target_model=args.target,
+        selection={"min_coverage": args.min_coverage, "k": k, "coverage": counts.coverage(k),
+                   "dataset": args.dataset, "count_examples": args.count_examples},
+    )
+    trimmed.generation_config.num_assistant_tokens = args.num_assistant_tokens
+    trimmed.save_pretrained(out_dir / "drafter")
+    tokenizer.save_pretrained(out_dir / "drafter")
+    del trimmed
+    from transformers import AutoModelForCausalLM
+
+    trimmed = AutoModelForCausalLM.from_pretrained(out_dir / "drafter", dtype=DTYPES[args.drafter_dtype]).eval()
+    assert isinstance(trimmed, TrimmedDrafter)
+
+    _log(f"4/5 generating {args.prompts} held-out prompts x {args.max_new_tokens} tokens, greedy, "
+         f"{args.repeats} repeat(s), methods interleaved")
+    prompts = _eval_prompts(dataset, tokenizer, start=max(args.count_examples or 0, len(dataset) - 2000),
+                            n=args.prompts, max_prompt_tokens=args.max_prompt_tokens)
+    methods = [
+        Method("target only", None),
+        Method(f"HF assisted, untrimmed {args.drafter_dtype} drafter", drafter_full),
+        Method(f"hf_vocabspec trimmed drafter (k={k:,})", trimmed),
+    ]
+    results = compare_methods(
+        target, methods, prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+        generate_kwargs={"do_sample": False}, progress=lambda s: tqdm(s, desc="generate"),
+    )
+    names = [m.name for m in methods]
+    identical = results[names[2]].outputs == results[names[0]].outputs
+    table = format_table(results, baseline=names[0])
+
+    _log("5/5 results")
+    summary = {
+        "target": args.target, "dataset": args.dataset, "kept_vocab": k, "full_vocab": len(tokenizer),
+        "coverage_on_counted_text": counts.coverage(k), "prompts": len(prompts),
+        "max_new_tokens": args.max_new_tokens, "greedy_output_identical_to_target": identical,
+        "methods": {n: r.to_dict() for n, r in results.items()},
+        "torch_threads": torch.get_num_threads(), "seconds_total": time.perf_counter() - t_start,
+        "date": time.strftime("%Y-%m-%d"), "cpu": os.uname().machine,
+    }
+    (out_dir / "results.json").write_text(json.dumps(summary, indent=2))
+    (out_dir / "results.md").write_text(table + "\n")
+    print(table)
+    r_hf, r_tr = results[names[1]], results[names[2]]
+    print(f"\ntrimmed vs HF assisted (same drafter, untrimmed): {r_tr.tokens_per_s / r_hf.tokens_per_s:.2f}x; "
+          f"greedy output identical to target-only: {'yes' if identical else 'NO'}")
+    print(f"kept {k:,} of {len(tokenizer):,} tokens ({counts.coverage(k):.2%} of counted assistant tokens); "
+          f"drafter saved to {out_dir / 'drafter'}")
+    return 0 if identical or not args.strict else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hf-vocabspec", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("count", help="count assistant-token frequencies of a chat dataset")
+    c.add_argument("--tokenizer", default="offline:smollm2-135m-instruct", help="target model/tokenizer id")
+    c.add_argument("--dataset", default="offline:sharegpt")
+    c.add_argument("--max-examples", type=int, default=None)
+    c.add_argument("--output", default="counts.safetensors")
+    c.set_defaults(func=cmd_count)
+
+    t = sub.add_parser("trim", help="trim a drafter's LM head to the tokens that cover the workload")
+    t.add_argument("--drafter", default="offline:smollm2-135m-instruct")
+    t.add_argument("--target", default=None, help="the target model id this drafter serves (recorded)")
+    t.add_argument("--tokenizer", default=None, help="defaults to the drafter's")
+    t.add_argument("--counts", default=None, help="counts file from `hf-vocabspec count` (else count now)")
+    t.add_argument("--dataset", default="offline:sharegpt")
+    t.add_argument("--max-examples", type=int, default=5000)
+    t.add_argument("--min-coverage", type=float, default=0.95)
+    t.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
+    t.add_argument("--output", default="trimmed-drafter")
+    t.set_defaults(func=cmd_trim)
+
+    d = sub.add_parser("demo", help="count -> trim -> save -> reload -> generate, vs target-only and HF assisted")
+    d.add_argument("--target", default="offline:gemma-3-270m")
+    d.add_argument("--drafter", default=None, help="default: a reduced-precision copy of the target")
+    d.add_argument("--drafter-dtype", choices=sorted(DTYPES), default="bfloat16")
+    d.add_argument("--dataset", default="offline:sharegpt")
+    d.add_argument("--count-examples", type=int, default=4000)
+    d.add_argument("--min-coverage", type=float, default=0.95)
+    d.add_argument("--prompts", type=int, default=4)
+    d.add_argument("--max-new-tokens", type=int, default=64)
+    d.add_argument("--max-prompt-tokens", type=int, default=256)
+    d.add_argument("--num-assistant-tokens", type=int, default=5)
+    d.add_argument("--repeats", type=int, default=1)
+    d.add_argument("--threads", type=int, default=None)
+    d.add_argument("--strict", action="store_true", help="exit 1 if greedy output differs from target-only")
+    d.add_argument("--output", default="results/demo")
+    d.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
