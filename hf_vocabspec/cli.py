@@ -19,17 +19,29 @@ def _log(msg: str) -> None:
 
 
 def _count(args) -> "object":
-    from .coverage import count_assistant_tokens
+    """Count on this process, or sharded over all processes under `accelerate launch` (identical result)."""
+    from .coverage import count_assistant_tokens_distributed
     from .offline import load_chat_dataset, load_tokenizer
 
     tokenizer = load_tokenizer(args.tokenizer)
     dataset = load_chat_dataset(args.dataset)
-    return count_assistant_tokens(dataset, tokenizer, max_examples=args.max_examples, progress=True)
+    return count_assistant_tokens_distributed(dataset, tokenizer, max_examples=args.max_examples, progress=True)
+
+
+def _is_main_process() -> bool:
+    from accelerate import PartialState
+
+    return PartialState(cpu=True).is_main_process
 
 
 def cmd_count(args) -> int:
     counts = _count(args)
+    if not _is_main_process():
+        return 0
     counts.save(args.output)
+    from accelerate import PartialState
+
+    _log(f"counted on {PartialState(cpu=True).num_processes} process(es)")
     _log(f"counted {counts.num_tokens:,} assistant tokens in {counts.num_assistant_turns:,} turns -> {args.output}")
     for c in (0.9, 0.95, 0.99):
         _log(f"  coverage {c:.0%}: top-{counts.smallest_k_for_coverage(c):,} tokens")

@@ -211,3 +211,63 @@ def count_assistant_tokens(
             "'messages' with role 'assistant' or ShareGPT 'conversations' with from 'gpt'."
         )
     return TokenCounts(counts, n_examples, n_turns, str(getattr(tokenizer, "name_or_path", "")))
+
+
+def count_assistant_tokens_distributed(
+    dataset, tokenizer, *, max_examples: int | None = None, progress: bool = True, **kwargs
+) -> TokenCounts:
+    """Like :func:`count_assistant_tokens`, sharded over the processes of ``accelerate launch``/torchrun.
+
+    Every process counts its shard and the counts are summed, so the result is IDENTICAL to a single
+    process (counting is additive). ``PartialState(cpu=True)`` makes CPU-only launches form a real gloo
+    group (a plain PartialState() there thinks it is alone and silently duplicates work). Run alone, it is
+    the single-process function.
+    """
+    from accelerate import PartialState
+    from accelerate.utils import reduce
+
+    state = PartialState(cpu=True)
+    if max_examples is not None:
+        dataset = _take(dataset, max_examples)
+    if state.num_processes == 1:
+        return count_assistant_tokens(dataset, tokenizer, progress=progress, **kwargs)
+    shard = _shard(dataset, state.process_index, state.num_processes)
+    local = _count_or_empty(shard, tokenizer, progress=progress and state.is_main_process, **kwargs)
+    packed = torch.cat([local.counts, torch.tensor([local.num_examples, local.num_assistant_turns])])
+    total = reduce(packed, "sum")
+    counts, n_examples, n_turns = total[:-2], int(total[-2]), int(total[-1])
+    if n_turns == 0:
+        raise ValueError("No assistant turns found in any shard: expected 'messages' with role 'assistant' or "
+                         "ShareGPT 'conversations' with from 'gpt'.")
+    return TokenCounts(counts, n_examples, n_turns, local.tokenizer_name)
+
+
+def _take(dataset, n: int):
+    if hasattr(dataset, "select") and hasattr(dataset, "__len__"):
+        return dataset.select(range(min(n, len(dataset))))
+    if hasattr(dataset, "take"):
+        return dataset.take(n)
+    import itertools
+
+    return list(itertools.islice(dataset, n))
+
+
+def _shard(dataset, rank: int, world: int):
+    import datasets
+
+    if isinstance(dataset, (datasets.Dataset, datasets.IterableDataset)):
+        from datasets.distributed import split_dataset_by_node
+
+        return split_dataset_by_node(dataset, rank=rank, world_size=world)
+    return list(dataset)[rank::world]
+
+
+def _count_or_empty(shard, tokenizer, **kwargs) -> TokenCounts:
+    """A shard may legitimately hold no assistant turns; only the global total must have some."""
+    try:
+        return count_assistant_tokens(shard, tokenizer, **kwargs)
+    except ValueError as err:
+        if "No assistant turns" not in str(err):
+            raise
+        size = max(kwargs.get("vocab_size") or 0, len(tokenizer))
+        return TokenCounts(torch.zeros(size, dtype=torch.int64), 0, 0, str(getattr(tokenizer, "name_or_path", "")))
