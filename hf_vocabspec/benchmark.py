@@ -145,3 +145,143 @@ def format_table(results: dict[str, MethodResult], baseline: str | None = None) 
         speed = f"{r.tokens_per_s / base:.2f}x" if base else "-"
         lines.append(f"| {r.name} | {r.tokens_per_s:.1f} | {speed} | {acc} | {tau} |")
     return "\n".join(lines)
+
+
+@dataclass
+class BenchConfig:
+    """One benchmark run: a (target, drafter) pair, vocabulary sizes, workloads and decoding modes."""
+
+    target: str = "offline:gemma-3-270m"
+    drafter: str | None = None  # default: reduced-precision copy of the target
+    drafter_dtype: str = "bfloat16"
+    vocab_dataset: str = "offline:sharegpt"  # the domain the vocabulary is chosen on
+    count_examples: int = 4000
+    coverages: tuple[float, ...] = (0.9, 0.95, 0.99)
+    workloads: tuple[str, ...] = ("offline:sharegpt", "offline:humaneval")
+    modes: tuple[str, ...] = ("greedy",)  # "greedy", "t0.7", "t1"
+    prompts: int = 3
+    max_new_tokens: int = 48
+    answer_prefix_tokens: int = 32
+    repeats: int = 2
+    num_assistant_tokens: int = 5
+
+
+_MODES = {"greedy": {"do_sample": False}, "t0.7": {"do_sample": True, "temperature": 0.7, "top_k": 0},
+          "t1": {"do_sample": True, "temperature": 1.0, "top_k": 0}}
+
+
+def run_benchmark(cfg: BenchConfig, out_dir, progress: Callable | None = None) -> dict:
+    """Measure every method on every workload and mode; write results.json, results.md and PNG plots."""
+    import json
+    from pathlib import Path
+
+    from .coverage import count_assistant_tokens
+    from .drafter import trim_drafter
+    from .offline import load_chat_dataset, load_model, load_tokenizer
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dtype = getattr(torch, cfg.drafter_dtype)
+    tokenizer = load_tokenizer(cfg.target)
+    vocab_ds = load_chat_dataset(cfg.vocab_dataset)
+    n_count = min(cfg.count_examples, len(vocab_ds) - 500)
+    counts = count_assistant_tokens(vocab_ds.select(range(n_count)), tokenizer, progress=progress is not None)
+    target = load_model(cfg.target, dtype=torch.float32).eval()
+    drafter_name = cfg.drafter or cfg.target
+    full = load_model(drafter_name, dtype=dtype).eval()
+    gen = full.generation_config
+    gen.num_assistant_tokens, gen.num_assistant_tokens_schedule = cfg.num_assistant_tokens, "constant"
+    gen.assistant_confidence_threshold = 0.0
+    methods = [Method("target only"), Method("HF assisted (untrimmed)", full)]
+    kept = {}
+    for c in cfg.coverages:
+        k = counts.smallest_k_for_coverage(c)
+        d = trim_drafter(load_model(drafter_name, dtype=dtype), counts.top_k(k), tokenizer=tokenizer)
+        d.generation_config.num_assistant_tokens = cfg.num_assistant_tokens
+        kept[f"trimmed k={d.config.draft_vocab_size}"] = d
+        methods.append(Method(f"trimmed k={d.config.draft_vocab_size}", d))
+
+    from .cli import _eval_prompts
+    from .coverage import count_assistant_tokens as _count
+
+    report = {"config": asdict(cfg), "date": time.strftime("%Y-%m-%d"), "torch_threads": torch.get_num_threads(),
+              "full_vocab": len(tokenizer), "runs": []}
+    for workload in cfg.workloads:
+        ds = vocab_ds if workload == cfg.vocab_dataset else load_chat_dataset(workload)
+        start = n_count if workload == cfg.vocab_dataset else 0
+        held_out = ds.select(range(start, len(ds)))
+        eval_counts = _count(held_out, tokenizer, progress=False)
+        prompts = _eval_prompts(held_out, tokenizer, 0, cfg.prompts, 512, cfg.answer_prefix_tokens)
+        for mode in cfg.modes:
+            res = compare_methods(target, methods, prompts, max_new_tokens=cfg.max_new_tokens, repeats=cfg.repeats,
+                                  generate_kwargs=_MODES[mode], progress=progress)
+            base = res["target only"]
+            hf = res["HF assisted (untrimmed)"]
+            rows = {}
+            for name, r in res.items():
+                row = r.to_dict()
+                row["speedup_vs_target"] = _median_ratio(r, base)
+                row["speedup_vs_hf_assisted"] = _median_ratio(r, hf)
+                if name in kept:
+                    row["kept_vocab"] = kept[name].config.draft_vocab_size
+                    row["eval_coverage"] = eval_counts.coverage_of(kept[name].d2t)
+                rows[name] = row
+            identical = all(res[m.name].outputs == base.outputs for m in methods) if mode == "greedy" else None
+            report["runs"].append({"workload": workload, "in_domain": workload == cfg.vocab_dataset, "mode": mode,
+                                   "prompts": len(prompts), "methods": rows, "greedy_identical": identical})
+            (out / "results.json").write_text(json.dumps(report, indent=2))
+    (out / "results.md").write_text(format_report(report))
+    plot_report(report, out)
+    return report
+
+
+def _median_ratio(r: MethodResult, base: MethodResult) -> dict:
+    """Per-repeat tokens/s ratios (same run, interleaved): median and spread."""
+    ratios = [a / b for a, b in zip(r.tokens_per_s_runs, base.tokens_per_s_runs) if b]
+    if not ratios:
+        return {"median": None, "min": None, "max": None}
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+
+
+def format_report(report: dict) -> str:
+    lines = ["| workload | mode | method | kept vocab | eval coverage | tokens/s | vs target | vs HF assisted | "
+             "acceptance | tau |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for run in report["runs"]:
+        dom = "in-domain" if run["in_domain"] else "out-of-domain"
+        for name, row in run["methods"].items():
+            vs_t, vs_h = row["speedup_vs_target"], row["speedup_vs_hf_assisted"]
+            fmt = lambda d: f"{d['median']:.2f}x ({d['min']:.2f}-{d['max']:.2f})" if d["median"] else "-"  # noqa: E731
+            acc = f"{row['acceptance_rate']:.1%}" if row["acceptance_rate"] is not None else "-"
+            tau = f"{row['mean_accepted_length']:.2f}" if row["mean_accepted_length"] is not None else "-"
+            kv = f"{row['kept_vocab']:,}" if "kept_vocab" in row else ("full" if "HF" in name else "-")
+            cov = f"{row['eval_coverage']:.1%}" if "eval_coverage" in row else "-"
+            lines.append(f"| {run['workload']} ({dom}) | {run['mode']} | {name} | {kv} | {cov} | "
+                         f"{row['tokens_per_s']:.2f} | {fmt(vs_t)} | {fmt(vs_h)} | {acc} | {tau} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_report(report: dict, out_dir) -> None:
+    """tokens/s and tau vs kept vocabulary size (full vocabulary = HF assisted), per workload and mode."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for run in report["runs"]:
+        label = f"{run['workload'].removeprefix('offline:')} {run['mode']}"
+        pts = sorted((row.get("kept_vocab", report["full_vocab"]), row["tokens_per_s"], row["mean_accepted_length"])
+                     for name, row in run["methods"].items() if name != "target only")
+        ks = [p[0] for p in pts]
+        axes[0].plot(ks, [p[1] for p in pts], "o-", label=label)
+        axes[1].plot(ks, [p[2] for p in pts], "o-", label=label)
+        axes[0].axhline(run["methods"]["target only"]["tokens_per_s"], ls=":", lw=1, color="gray")
+    for ax, yl in zip(axes, ("tokens/s (dotted: target only)", "mean accepted length tau")):
+        ax.set_xscale("log")
+        ax.set_xlabel("kept vocabulary size (rightmost: untrimmed)")
+        ax.set_ylabel(yl)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(f"{out_dir}/throughput_vs_vocab.png", dpi=120)
+    plt.close(fig)

@@ -197,6 +197,25 @@ def cmd_demo(args) -> int:
     return 0 if identical or not args.strict else 1
 
 
+def cmd_bench(args) -> int:
+    from tqdm.auto import tqdm
+
+    from .benchmark import BenchConfig, run_benchmark
+
+    cfg = BenchConfig(
+        target=args.target, drafter=args.drafter, drafter_dtype=args.drafter_dtype, vocab_dataset=args.dataset,
+        count_examples=args.count_examples, coverages=tuple(args.coverages), workloads=tuple(args.workloads),
+        modes=tuple(args.modes), prompts=args.prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+        num_assistant_tokens=args.num_assistant_tokens,
+    )
+    report = run_benchmark(cfg, args.output, progress=lambda s: tqdm(s, desc="generate"))
+    from .benchmark import format_report
+
+    print(format_report(report))
+    _log(f"results: {args.output}/results.json, results.md, throughput_vs_vocab.png")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hf-vocabspec", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -238,6 +257,22 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--strict", action="store_true", help="exit 1 if greedy output differs from target-only")
     d.add_argument("--output", default="results/demo")
     d.set_defaults(func=cmd_demo)
+
+    b = sub.add_parser("bench", help="side-by-side benchmark: methods x vocabulary sizes x workloads x modes")
+    b.add_argument("--target", default="offline:gemma-3-270m")
+    b.add_argument("--drafter", default=None)
+    b.add_argument("--drafter-dtype", choices=sorted(DTYPES), default="bfloat16")
+    b.add_argument("--dataset", default="offline:sharegpt", help="domain the vocabulary is chosen on")
+    b.add_argument("--count-examples", type=int, default=4000)
+    b.add_argument("--coverages", type=float, nargs="+", default=[0.9, 0.95, 0.99])
+    b.add_argument("--workloads", nargs="+", default=["offline:sharegpt", "offline:humaneval"])
+    b.add_argument("--modes", nargs="+", choices=["greedy", "t0.7", "t1"], default=["greedy"])
+    b.add_argument("--prompts", type=int, default=3)
+    b.add_argument("--max-new-tokens", type=int, default=48)
+    b.add_argument("--repeats", type=int, default=2)
+    b.add_argument("--num-assistant-tokens", type=int, default=5)
+    b.add_argument("--output", default="results/bench")
+    b.set_defaults(func=cmd_bench)
     return p
 
 
