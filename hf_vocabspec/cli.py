@@ -53,8 +53,48 @@ def keep_ids_for_coverage(counts, min_coverage: float) -> torch.Tensor:
     return counts.top_k(counts.smallest_k_for_coverage(min_coverage))
 
 
-def cmd_trim(args) -> int:
+def _select(args, counts, model, out_dir: Path):
+    """Run the vocabulary search; write selection.json, pareto.png (and latency.png when measured)."""
+    from .cost import measure_draft_latency
+    from .selection import select_vocabulary
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    vocab = counts.vocab_size
+    curve = None
+    if args.cost == "measured":
+        ks = sorted({k for k in (1024, 4096, 16384, 65536) if k < vocab} | {vocab})
+        _log(f"measuring the draft step at k in {ks} (+ body-only floor)")
+        curve = measure_draft_latency(model, ks)
+        curve.plot(out_dir / "latency.png")
+        cost = curve
+    else:
+        cost = model.config
+    result = select_vocabulary(
+        counts, cost, min_coverage=args.min_coverage, objective=args.objective, n_trials=args.n_trials,
+        seed=args.seed, k_range=(50, min(args.max_k, vocab)), storage=args.storage,
+    )
+    result.plot_pareto(out_dir / "pareto.png")
+    info = result.to_dict() | {"counts_tokenizer": counts.tokenizer_name, "latency_curve": curve.to_dict() if curve else None}
+    (out_dir / "selection.json").write_text(json.dumps(info, indent=2))
+    return result, curve
+
+
+def cmd_select(args) -> int:
     from .coverage import TokenCounts
+    from .offline import load_model
+
+    counts = TokenCounts.load(args.counts)
+    model = load_model(args.drafter, dtype=DTYPES[args.dtype]).eval()
+    result, _ = _select(args, counts, model, Path(args.output))
+    _log(f"k={result.k:,} coverage={result.coverage:.2%} objective={result.objective}={result.value:.3f} "
+         f"predicted draft-step speedup {result.predicted_draft_speedup:.2f}x ({result.cost_source}) -> {args.output}")
+    return 0
+
+
+def cmd_trim(args) -> int:
+    """count (or --counts) -> select -> trim -> save (-> push); prints a summary."""
+    from .coverage import TokenCounts
+    from .cost import measure_draft_latency
     from .drafter import trim_drafter
     from .offline import load_model, load_tokenizer
 
@@ -64,17 +104,38 @@ def cmd_trim(args) -> int:
     else:
         args.tokenizer = args.tokenizer or args.drafter
         counts = _count(args)
-    keep = keep_ids_for_coverage(counts, args.min_coverage)
-    model = load_model(args.drafter, dtype=DTYPES[args.dtype])
-    drafter = trim_drafter(
-        model, keep, tokenizer=tokenizer, target_model=args.target,
-        selection={"method": "top-k by assistant-token count", "min_coverage": args.min_coverage,
-                   "k": int(keep.numel()), "coverage": counts.coverage(int(keep.numel()))},
-    )
-    drafter.save_pretrained(args.output)
-    tokenizer.save_pretrained(args.output)
-    _log(f"kept {drafter.config.draft_vocab_size:,} of {drafter.config.vocab_size:,} tokens "
-         f"(coverage {counts.coverage(int(keep.numel())):.2%}) -> {args.output}")
+        if not _is_main_process():
+            return 0
+    out = Path(args.output)
+    model = load_model(args.drafter, dtype=DTYPES[args.dtype]).eval()
+    if args.k:
+        k, result, curve = args.k, None, None
+    else:
+        result, curve = _select(args, counts, model, out / "selection")
+        k = result.k
+    keep = counts.top_k(k)
+    selection = {"method": "top-k by assistant-token count", "k": k, "coverage": counts.coverage(k),
+                 "min_coverage": args.min_coverage, "dataset": getattr(args, "dataset", None),
+                 "objective": result.objective if result else "fixed k", "cost_source": result.cost_source if result else None}
+    drafter = trim_drafter(model, keep, tokenizer=tokenizer, target_model=args.target, selection=selection)
+    drafter.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    k_kept = drafter.config.draft_vocab_size
+    measured = measure_draft_latency(load_model(args.drafter, dtype=DTYPES[args.dtype]).eval(), [k_kept, counts.vocab_size])
+    speedup = measured.seconds[1] / measured.seconds[0]
+    print(f"kept {k_kept:,} of {drafter.config.vocab_size:,} tokens; coverage {counts.coverage(k):.2%} of counted "
+          f"assistant tokens")
+    if result:
+        print(f"predicted draft-step speedup {result.predicted_draft_speedup:.2f}x ({result.cost_source}); "
+              f"Pareto plot: {out / 'selection' / 'pareto.png'}")
+    print(f"measured draft-step: {measured.seconds[1] * 1e3:.1f} ms full head -> {measured.seconds[0] * 1e3:.1f} ms "
+          f"trimmed ({speedup:.2f}x; body-only floor {measured.floor_seconds * 1e3:.1f} ms)")
+    print(f"saved to {out}")
+    if args.push_to_hub:
+        from .hub import push_drafter_to_hub
+
+        url = push_drafter_to_hub(drafter, args.push_to_hub, tokenizer=tokenizer)
+        print(f"pushed to {url}")
     return 0
 
 
@@ -216,6 +277,17 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def _selection_args(p) -> None:
+    p.add_argument("--min-coverage", type=float, default=0.95)
+    p.add_argument("--objective", choices=["throughput", "utility"], default="throughput")
+    p.add_argument("--cost", choices=["measured", "flops"], default="measured",
+                   help="draft cost model: measured step latency on this device, or architecture-aware FLOPs")
+    p.add_argument("--n-trials", type=int, default=100)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--max-k", type=int, default=65536)
+    p.add_argument("--storage", default=None, help="journal file (or sqlite:///...) to resume/share the study")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hf-vocabspec", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -234,10 +306,20 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--counts", default=None, help="counts file from `hf-vocabspec count` (else count now)")
     t.add_argument("--dataset", default="offline:sharegpt")
     t.add_argument("--max-examples", type=int, default=5000)
-    t.add_argument("--min-coverage", type=float, default=0.95)
+    _selection_args(t)
+    t.add_argument("--k", type=int, default=None, help="keep exactly the top-k tokens (skips the search)")
     t.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
+    t.add_argument("--push-to-hub", default=None, metavar="REPO_ID", help="also push the drafter with a model card")
     t.add_argument("--output", default="trimmed-drafter")
     t.set_defaults(func=cmd_trim)
+
+    se = sub.add_parser("select", help="choose the kept vocabulary size: TPE under a coverage constraint")
+    se.add_argument("--counts", required=True, help="counts file from `hf-vocabspec count`")
+    se.add_argument("--drafter", default="offline:smollm2-135m-instruct", help="drafter whose step cost is modelled")
+    se.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
+    _selection_args(se)
+    se.add_argument("--output", default="selection")
+    se.set_defaults(func=cmd_select)
 
     d = sub.add_parser("demo", help="count -> trim -> save -> reload -> generate, vs target-only and HF assisted")
     d.add_argument("--target", default="offline:gemma-3-270m")
