@@ -48,11 +48,6 @@ def cmd_count(args) -> int:
     return 0
 
 
-def keep_ids_for_coverage(counts, min_coverage: float) -> torch.Tensor:
-    """The smallest top-k set (by count) whose coverage reaches ``min_coverage``."""
-    return counts.top_k(counts.smallest_k_for_coverage(min_coverage))
-
-
 def _select(args, counts, model, out_dir: Path):
     """Run the vocabulary search; write selection.json, pareto.png (and latency.png when measured)."""
     from .cost import measure_draft_latency
@@ -139,44 +134,10 @@ def cmd_trim(args) -> int:
     return 0
 
 
-def _eval_prompts(
-    dataset, tokenizer, start: int, n: int, max_prompt_tokens: int, answer_prefix_tokens: int = 0
-) -> list[torch.LongTensor]:
-    """Held-out prompts: a conversation's first user turn, chat-templated with a generation prompt.
-
-    With ``answer_prefix_tokens`` > 0 the prompt also carries the first tokens of the reference assistant
-    answer, so generation continues real assistant text: a realistic in-domain workload that also works
-    for BASE models (Gemma-3-270M), which otherwise drift into repetition on bare chat prompts.
-    """
-    prompts = []
-    for i in range(start, len(dataset)):
-        msgs = dataset[i]["messages"]
-        user = next((j for j, m in enumerate(msgs) if m["role"] == "user"), None)
-        if user is None or len(msgs[user]["content"]) < 20:
-            continue
-        answer = msgs[user + 1] if user + 1 < len(msgs) and msgs[user + 1]["role"] == "assistant" else None
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": msgs[user]["content"]}], add_generation_prompt=True,
-            return_tensors="pt", return_dict=True,
-        )["input_ids"]
-        if answer_prefix_tokens:
-            if answer is None:
-                continue
-            prefix = tokenizer(answer["content"].strip(), add_special_tokens=False)["input_ids"]
-            if len(prefix) < 4 * answer_prefix_tokens:
-                continue
-            ids = torch.cat([ids, torch.tensor([prefix[:answer_prefix_tokens]])], dim=1)
-        if ids.shape[1] <= max_prompt_tokens:
-            prompts.append(ids)
-        if len(prompts) == n:
-            break
-    return prompts
-
-
 def cmd_demo(args) -> int:
     from tqdm.auto import tqdm
 
-    from .benchmark import Method, compare_methods, format_table
+    from .benchmark import Method, compare_methods, eval_prompts, format_table
     from .drafter import TrimmedDrafter, trim_drafter
     from .offline import load_chat_dataset, load_model, load_tokenizer
 
@@ -192,7 +153,7 @@ def cmd_demo(args) -> int:
 
     counts = count_assistant_tokens(dataset, tokenizer, max_examples=args.count_examples, progress=True)
     counts.save(out_dir / "counts.safetensors")
-    keep = keep_ids_for_coverage(counts, args.min_coverage)
+    keep = counts.top_k(counts.smallest_k_for_coverage(args.min_coverage))
     k = int(keep.numel())
     _log(f"    {counts.num_tokens:,} tokens; top-{k:,} of {len(tokenizer):,} cover {counts.coverage(k):.2%}")
 
@@ -222,7 +183,7 @@ def cmd_demo(args) -> int:
 
     _log(f"4/5 generating {args.prompts} held-out prompts x {args.max_new_tokens} tokens, greedy, "
          f"{args.repeats} repeat(s), methods interleaved")
-    prompts = _eval_prompts(dataset, tokenizer, start=max(args.count_examples or 0, len(dataset) - 2000),
+    prompts = eval_prompts(dataset, tokenizer, start=max(args.count_examples or 0, len(dataset) - 2000),
                             n=args.prompts, max_prompt_tokens=args.max_prompt_tokens,
                             answer_prefix_tokens=args.answer_prefix_tokens)
     methods = [
@@ -250,9 +211,18 @@ def cmd_demo(args) -> int:
     (out_dir / "results.json").write_text(json.dumps(summary, indent=2))
     (out_dir / "results.md").write_text(table + "\n")
     print(table)
-    r_hf, r_tr = results[names[1]], results[names[2]]
-    print(f"\ntrimmed vs HF assisted (same drafter, untrimmed): {r_tr.tokens_per_s / r_hf.tokens_per_s:.2f}x; "
-          f"greedy output identical to target-only: {'yes' if identical else 'NO'}")
+    from .benchmark import _median_ratio
+
+    def ratio(a, b):
+        r = _median_ratio(results[a], results[b])
+        return f"{r['median']:.2f}x (per-repeat range {r['min']:.2f}-{r['max']:.2f})"
+
+    summary["trimmed_vs_hf_assisted"] = _median_ratio(results[names[2]], results[names[1]])
+    summary["trimmed_vs_target_only"] = _median_ratio(results[names[2]], results[names[0]])
+    (out_dir / "results.json").write_text(json.dumps(summary, indent=2))
+    print(f"\ntrimmed vs HF assisted with the same untrimmed drafter: {ratio(names[2], names[1])}; "
+          f"vs target only: {ratio(names[2], names[0])}")
+    print(f"greedy output identical to target-only: {'yes' if identical else 'NO'}")
     print(f"kept {k:,} of {len(tokenizer):,} tokens ({counts.coverage(k):.2%} of counted assistant tokens); "
           f"drafter saved to {out_dir / 'drafter'}")
     return 0 if identical or not args.strict else 1

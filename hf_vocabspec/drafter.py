@@ -247,8 +247,32 @@ def _as_id_list(keep_token_ids: Iterable[int] | torch.Tensor) -> list[int]:
     return [int(i) for i in ids]
 
 
+def chat_template_special_ids(tokenizer) -> list[int]:
+    """Special tokens the chat template emits (e.g. <|im_start|>, <end_of_turn>).
+
+    Not every "special" added token: Gemma's tokenizer marks 6,249 of them special (mostly unused
+    placeholders); forcing all into the head would waste a third of a 20k-row head.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        return []
+    special = {i for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if getattr(t, "special", False)}
+    found: set[int] = set()
+    convos = (
+        [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}],
+        [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}],
+    )
+    for convo in convos:
+        for gen_prompt in (False, True):
+            try:
+                text = tokenizer.apply_chat_template(convo, tokenize=False, add_generation_prompt=gen_prompt)
+            except Exception:  # noqa: BLE001 - some templates reject a system turn
+                continue
+            found.update(i for i in tokenizer(text, add_special_tokens=False)["input_ids"] if i in special)
+    return sorted(found)
+
+
 def special_token_ids(model: PreTrainedModel | None = None, tokenizer=None) -> list[int]:
-    """Ids that must always stay draftable: EOS/BOS/PAD and the tokenizer's special / chat-template tokens."""
+    """Ids that must always stay draftable: EOS/BOS/PAD, the tokenizer's named special tokens, chat-template tokens."""
     ids: set[int] = set()
 
     def add(v):
@@ -270,9 +294,7 @@ def special_token_ids(model: PreTrainedModel | None = None, tokenizer=None) -> l
                 add(getattr(cfg, name, None))
     if tokenizer is not None:
         add(tokenizer.all_special_ids)
-        for idx, tok in getattr(tokenizer, "added_tokens_decoder", {}).items():
-            if getattr(tok, "special", False):
-                add(idx)
+        add(chat_template_special_ids(tokenizer))
     return sorted(ids)
 
 

@@ -58,7 +58,8 @@ def test_tokenizer_special_tokens_are_kept(pair):
 
     drafter = trim_drafter(pair[1], [20, 21], tokenizer=Tok())
     kept = set(drafter.d2t.tolist())
-    assert {7, 8, 9, 20, 21, EOS}.issubset(kept) and 11 not in kept
+    # named specials kept; a special-but-unused added token (no chat template emits it) is not forced in
+    assert {7, 8, 20, 21, EOS}.issubset(kept) and 9 not in kept and 11 not in kept
     assert drafter.config.target_tokenizer_sha256
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hf_vocabspec import TrimmedDrafter, trim_drafter
-from hf_vocabspec.cli import _eval_prompts, keep_ids_for_coverage
+from hf_vocabspec.benchmark import eval_prompts
 from hf_vocabspec.coverage import count_assistant_tokens
 from hf_vocabspec.offline import load_chat_dataset, load_model, load_tokenizer
 
@@ -19,7 +19,7 @@ def smol(tmp_path_factory):
     tokenizer = load_tokenizer(SMOL)
     dataset = load_chat_dataset("offline:sharegpt")
     counts = count_assistant_tokens(dataset, tokenizer, max_examples=1500, progress=False)
-    keep = keep_ids_for_coverage(counts, 0.95)
+    keep = counts.top_k(counts.smallest_k_for_coverage(0.95))
     target = load_model(SMOL, dtype=torch.float32).eval()
     drafter = trim_drafter(load_model(SMOL, dtype=torch.bfloat16), keep, tokenizer=tokenizer, target_model=SMOL)
     path = tmp_path_factory.mktemp("drafter")
@@ -28,7 +28,7 @@ def smol(tmp_path_factory):
 
     reloaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
     assert isinstance(reloaded, TrimmedDrafter)
-    prompts = _eval_prompts(dataset, tokenizer, start=len(dataset) - 500, n=3, max_prompt_tokens=128)
+    prompts = eval_prompts(dataset, tokenizer, start=len(dataset) - 500, n=3, max_prompt_tokens=128)
     return tokenizer, target, reloaded, prompts, counts, keep
 
 
@@ -37,6 +37,7 @@ def test_trimmed_vocabulary_is_small_and_keeps_chat_tokens(smol):
     assert drafter.config.draft_vocab_size < 0.6 * len(tokenizer)
     kept = set(drafter.d2t.tolist())
     assert {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_start|>")}.issubset(kept)
+    assert drafter.config.draft_vocab_size <= keep.numel() + 5  # only a handful of forced specials
     assert counts.coverage(int(keep.numel())) >= 0.95
 
 
