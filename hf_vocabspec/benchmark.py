@@ -157,6 +157,7 @@ class BenchConfig:
     vocab_dataset: str = "offline:sharegpt"  # the domain the vocabulary is chosen on
     count_examples: int = 4000
     coverages: tuple[float, ...] = (0.9, 0.95, 0.99)
+    ks: tuple[int, ...] = ()  # explicit kept sizes (e.g. a selected k and its neighbours), besides coverages
     workloads: tuple[str, ...] = ("offline:sharegpt", "offline:humaneval")
     modes: tuple[str, ...] = ("greedy",)  # "greedy", "t0.7", "t1"
     prompts: int = 3
@@ -194,14 +195,12 @@ def run_benchmark(cfg: BenchConfig, out_dir, progress: Callable | None = None) -
     gen.assistant_confidence_threshold = 0.0
     methods = [Method("target only"), Method("HF assisted (untrimmed)", full)]
     kept = {}
-    for c in cfg.coverages:
-        k = counts.smallest_k_for_coverage(c)
+    sizes = [counts.smallest_k_for_coverage(c) for c in cfg.coverages] + list(cfg.ks)
+    for k in sorted(set(sizes)):
         d = trim_drafter(load_model(drafter_name, dtype=dtype), counts.top_k(k), tokenizer=tokenizer)
         d.generation_config.num_assistant_tokens = cfg.num_assistant_tokens
         kept[f"trimmed k={d.config.draft_vocab_size}"] = d
         methods.append(Method(f"trimmed k={d.config.draft_vocab_size}", d))
-
-    from .coverage import count_assistant_tokens as _count
 
     from .cost import measure_draft_latency
 
@@ -213,7 +212,7 @@ def run_benchmark(cfg: BenchConfig, out_dir, progress: Callable | None = None) -
         ds = vocab_ds if workload == cfg.vocab_dataset else load_chat_dataset(workload)
         start = n_count if workload == cfg.vocab_dataset else 0
         held_out = ds.select(range(start, len(ds)))
-        eval_counts = _count(held_out, tokenizer, progress=False)
+        eval_counts = count_assistant_tokens(held_out, tokenizer, progress=False)
         prompts = eval_prompts(held_out, tokenizer, 0, cfg.prompts, 512, cfg.answer_prefix_tokens)
         for mode in cfg.modes:
             res = compare_methods(target, methods, prompts, max_new_tokens=cfg.max_new_tokens, repeats=cfg.repeats,

@@ -235,7 +235,7 @@ def cmd_bench(args) -> int:
 
     cfg = BenchConfig(
         target=args.target, drafter=args.drafter, drafter_dtype=args.drafter_dtype, vocab_dataset=args.dataset,
-        count_examples=args.count_examples, coverages=tuple(args.coverages), workloads=tuple(args.workloads),
+        count_examples=args.count_examples, coverages=tuple(args.coverages), ks=tuple(args.ks), workloads=tuple(args.workloads),
         modes=tuple(args.modes), prompts=args.prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
         num_assistant_tokens=args.num_assistant_tokens,
     )
@@ -297,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--drafter-dtype", choices=sorted(DTYPES), default="bfloat16")
     d.add_argument("--dataset", default="offline:sharegpt")
     d.add_argument("--count-examples", type=int, default=4000)
-    d.add_argument("--min-coverage", type=float, default=0.95)
+    d.add_argument("--min-coverage", type=float, default=0.99)
     d.add_argument("--prompts", type=int, default=4)
     d.add_argument("--max-new-tokens", type=int, default=64)
     d.add_argument("--max-prompt-tokens", type=int, default=256)
@@ -316,7 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--drafter-dtype", choices=sorted(DTYPES), default="bfloat16")
     b.add_argument("--dataset", default="offline:sharegpt", help="domain the vocabulary is chosen on")
     b.add_argument("--count-examples", type=int, default=4000)
-    b.add_argument("--coverages", type=float, nargs="+", default=[0.9, 0.95, 0.99])
+    b.add_argument("--coverages", type=float, nargs="*", default=[0.9, 0.95, 0.99])
+    b.add_argument("--ks", type=int, nargs="*", default=[], help="explicit kept sizes, e.g. a selected k and neighbours")
     b.add_argument("--workloads", nargs="+", default=["offline:sharegpt", "offline:humaneval"])
     b.add_argument("--modes", nargs="+", choices=["greedy", "t0.7", "t1"], default=["greedy"])
     b.add_argument("--prompts", type=int, default=3)

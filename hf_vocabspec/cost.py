@@ -75,9 +75,15 @@ class LatencyCurve:
     context_length: int = 128
 
     def predict(self, k: float) -> float:
-        """Piecewise-linear between measured points, starting at the floor (k=0); flat beyond the last k."""
+        """Piecewise-linear between measured points, from the floor (k=0); extrapolated past the last k.
+
+        Timing noise can make a bigger head look faster; a head never costs less with more rows, so the
+        points are made non-decreasing (running maximum) first.
+        """
         xs = [0.0, *map(float, self.ks)]
-        ys = [self.floor_seconds, *self.seconds]
+        ys = [self.floor_seconds]
+        for t in self.seconds:
+            ys.append(max(ys[-1], t))
         if k >= xs[-1]:
             return ys[-1] if len(xs) < 3 else ys[-1] + (k - xs[-1]) * (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
         for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
@@ -114,7 +120,7 @@ class LatencyCurve:
 
 @torch.no_grad()
 def measure_draft_latency(
-    model, ks: Sequence[int], *, context_length: int = 128, repeats: int = 9, warmup: int = 2
+    model, ks: Sequence[int], *, context_length: int = 128, repeats: int = 15, warmup: int = 2
 ) -> LatencyCurve:
     """Time one cached decode step of ``model``'s body plus a k-row head (rows sliced, no trim needed)."""
     from transformers.cache_utils import DynamicCache
@@ -141,13 +147,16 @@ def measure_draft_latency(
         cache.crop(-1)  # keep the context length fixed
         return dt
 
-    def timed(head):
+    ks = sorted(int(k) for k in ks if k > 0)
+    heads = [None] + [weight[: min(k, weight.shape[0])].contiguous() for k in ks]
+    for head in heads:
         for _ in range(warmup):
             one_step(head)
-        return statistics.median(one_step(head) for _ in range(repeats))
-
-    ks = sorted(int(k) for k in ks if k > 0)
-    floor = timed(None)
-    seconds = [timed(weight[: min(k, weight.shape[0])].contiguous()) for k in ks]
+    # round-robin over sizes so slow drifts of a noisy machine hit every k alike
+    times: list[list[float]] = [[] for _ in heads]
+    for _ in range(repeats):
+        for i, head in enumerate(heads):
+            times[i].append(one_step(head))
+    floor, *seconds = (statistics.median(t) for t in times)
     return LatencyCurve(ks, seconds, floor, device=str(device), dtype=str(weight.dtype).removeprefix("torch."),
                         context_length=context_length)

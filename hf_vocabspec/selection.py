@@ -88,7 +88,7 @@ class SelectionResult:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(6.5, 4.2))
-        sw = sorted(self.sweep, key=lambda p: p[2])
+        sw = sorted(self.sweep)  # by k: coverage and cost both grow with k
         ax.plot([p[2] for p in sw], [p[1] for p in sw], "-", color="gray", lw=1, label="top-k sweep")
         ax.scatter([t[2] for t in self.trials], [t[1] for t in self.trials], s=12, alpha=0.6, label="TPE trials")
         front = self.pareto
