@@ -112,7 +112,6 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
     _supports_flex_attn = True
     _supports_attention_backend = True
     _can_compile_fullgraph = False
-    _keys_to_ignore_on_load_unexpected = []
 
     def __init__(self, config: TrimmedDrafterConfig):
         super().__init__(config)
