@@ -382,3 +382,8 @@ def trim_drafter(
 
 AutoConfig.register(MODEL_TYPE, TrimmedDrafterConfig, exist_ok=True)
 AutoModelForCausalLM.register(TrimmedDrafterConfig, TrimmedDrafter, exist_ok=True)
+
+# Ship the code with every checkpoint (auto_map + drafter.py), so `trust_remote_code=True` loads a drafter
+# where hf_vocabspec is not installed. This module imports only torch and transformers for that reason.
+TrimmedDrafterConfig.register_for_auto_class()
+TrimmedDrafter.register_for_auto_class("AutoModelForCausalLM")

@@ -40,10 +40,11 @@ def local(tmp_path_factory):
     return root, ref[0].tolist()
 
 
-def run_client(hub, tmp_path, code: str) -> dict:
+def run_client(hub, tmp_path, code: str, import_package: bool = True) -> dict:
     env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_HUB_DISABLE_XET": "1", "HF_TOKEN": "hf_dummy_token",
            "HF_HUB_CACHE": str(tmp_path / "hf-cache"), "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_OFFLINE": "0"}
-    script = "import json, torch, hf_vocabspec\nresult = {}\n" + textwrap.dedent(code) + "\nprint('RESULT' + json.dumps(result))"
+    header = "import json, torch" + (", hf_vocabspec" if import_package else "") + "\nresult = {}\n"
+    script = header + textwrap.dedent(code) + "\nprint('RESULT' + json.dumps(result))"
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1]
@@ -85,6 +86,26 @@ def test_push_then_fresh_process_loads_by_repo_id(hub, local, tmp_path):
     """)
     assert got["auto"] == got["cls"] == got["hub"] == ref
     assert "model.safetensors" in got["snapshot"] and got["config_path"].endswith("config.json")
+
+
+def test_trust_remote_code_loads_without_the_package(hub, local, tmp_path):
+    """The repo ships auto_map + drafter.py: users without hf_vocabspec load it with trust_remote_code."""
+    root, ref = local
+    if "user/tiny-drafter" not in hub.state.repos:
+        pytest.skip("needs the pushed repo from the round-trip test")
+    assert "drafter.py" in hub.state.repos["user/tiny-drafter"]["commits"][-1][1]
+    got = run_client(hub, tmp_path, f"""
+        import sys
+        from transformers import AutoModelForCausalLM
+        d = AutoModelForCausalLM.from_pretrained('user/tiny-drafter', trust_remote_code=True)
+        target = AutoModelForCausalLM.from_pretrained({str(root / 'target')!r})
+        result['imported'] = 'hf_vocabspec' in sys.modules
+        result['module'] = type(d).__module__
+        result['out'] = target.generate(torch.tensor({PROMPT}), max_new_tokens=20, do_sample=False,
+                                        assistant_model=d)[0].tolist()
+    """, import_package=False)
+    assert not got["imported"] and got["module"].startswith("transformers_modules")
+    assert got["out"] == ref
 
 
 def test_errors_a_new_user_meets(hub, local, tmp_path):
