@@ -1,52 +1,125 @@
 """What one draft step costs as a function of the kept vocabulary size k: FLOPs, and measured latency.
 
-FLOPs are architecture-aware but a proxy: on real hardware the LM head is a memory-bound GEMV whose
-latency is not linear in k and has a floor (the body, plus per-layer framework overhead on small
-models). So we also time the drafter's step on the actual device at a few k and interpolate.
+Two cost models, both used by :func:`hf_vocabspec.selection.select_vocabulary`:
+
+- :func:`draft_flops`: architecture-aware forward FLOPs of one cached decode step, read from any HF
+  decoder config (GQA, ``head_dim != hidden/heads``, sliding-window layers, gated or plain MLPs, the
+  active experts of a mixture-of-experts layer), with a k-row LM head. It is seed 000's R(k) proxy.
+- :func:`measure_draft_latency` -> :class:`LatencyCurve`: the step actually timed on the device at a
+  few k, plus the body-only floor (k=0). FLOPs are only a proxy: at batch 1 the LM head is a
+  memory-bound GEMV (it streams k*h weights once per token) whose time is not proportional to its FLOPs
+  and sits on top of a floor (the body, plus per-layer framework overhead that dominates small models).
+  On the project's 2-core CPU, Gemma-3-270M's head is ~50% of the FLOPs but trimming it to 32k rows
+  saved 28% of the step, not 44%. Selection should use the measured curve where it can.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
+
+# Model types whose MLP is NOT gated (two matrices, up + down). Every other decoder is assumed gated
+# (gate, up, down: Llama, Mistral, Qwen2/3, Gemma 1-3, Phi-3, OLMo, SmolLM, Granite, ...), which is what
+# modern decoders are; pass ``gated=`` to override.
+NON_GATED_MODEL_TYPES = frozenset({
+    "gpt2", "gpt_neo", "gpt_neox", "gptj", "gpt_bigcode", "codegen", "opt", "bloom", "falcon", "mpt", "phi",
+    "starcoder2", "biogpt", "xglm", "persimmon", "nemotron", "gpt_oss_dense", "bert", "roberta",
+})
 
 
 def _text_config(config):
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
-def draft_flops(config, k: int | None = None, context_length: int = 512) -> dict[str, float]:
-    """Forward FLOPs (2 per multiply-add) of ONE decode step, with a k-row LM head.
+def _first(c, *names, default=None):
+    for n in names:
+        v = getattr(c, n, None)
+        if v is not None:
+            return v
+    return default
 
-    Handles GQA (num_key_value_heads), head_dim != hidden/heads, gated MLPs (Llama/Qwen/Gemma), sliding
-    window layers (attention over min(context, window) keys), tied or untied heads (same cost).
+
+def _is_gated(c) -> bool:
+    return getattr(c, "model_type", None) not in NON_GATED_MODEL_TYPES
+
+
+def _layer_types(c, layers: int) -> list[str]:
+    """Per-layer attention kind; configs without ``layer_types`` and with a window (Mistral) slide everywhere."""
+    types = getattr(c, "layer_types", None)
+    if types:
+        return list(types[:layers])
+    window = getattr(c, "sliding_window", None)
+    if window and getattr(c, "use_sliding_window", True) is not False:
+        return ["sliding_attention"] * layers
+    return ["full_attention"] * layers
+
+
+def _mlp_flops_per_layer(c, h: int, gated: bool, layers: int) -> list[float]:
+    """MLP FLOPs of each layer: dense, or the router + ACTIVE experts (+ shared expert) of an MoE layer."""
+    mats = 3 if gated else 2
+    inter = _first(c, "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", default=4 * h)
+    dense = mats * 2 * h * inter
+    n_experts = _first(c, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0
+    top = getattr(c, "num_experts_per_tok", None) or 0
+    if not (n_experts and top):
+        return [float(dense)] * layers
+    expert_inter = _first(c, "moe_intermediate_size", default=inter)
+    moe = 2 * h * n_experts + top * mats * 2 * h * expert_inter  # router + active experts
+    shared = _first(c, "shared_expert_intermediate_size", default=0) or 0
+    moe += mats * 2 * h * shared + (2 * h if shared else 0)  # Qwen2-MoE shared expert and its gate
+    n_shared = _first(c, "n_shared_experts", default=0) or 0
+    moe += n_shared * mats * 2 * h * expert_inter  # DeepSeek-style shared experts
+    dense_only = set(getattr(c, "mlp_only_layers", None) or [])
+    step = getattr(c, "decoder_sparse_step", None) or 1
+    first_dense = getattr(c, "first_k_dense_replace", None) or 0
+    out = []
+    for i in range(layers):
+        is_moe = i not in dense_only and (i + 1) % step == 0 and i >= first_dense
+        out.append(float(moe if is_moe else dense))
+    return out
+
+
+def draft_flops(config, k: int | None = None, context_length: int = 512, *, gated: bool | None = None) -> dict[str, float]:
+    """Forward FLOPs (2 per multiply-add) of ONE cached decode step (one new token), with a k-row LM head.
+
+    Per layer: q projection ``2*h*(heads*head_dim)``, k and v ``2*h*(kv_heads*head_dim)`` each (GQA),
+    o projection ``2*(heads*head_dim)*h``; attention over the cached keys ``2*2*heads*head_dim*keys``
+    (scores q.k, then the weighted sum of values), with ``keys = min(context_length, sliding_window)`` on
+    sliding layers (``config.layer_types``) and ``context_length`` on full ones; MLP ``3*2*h*I`` when gated
+    (gate, up, down) else ``2*2*h*I``, or for an MoE layer the router plus the active experts. The LM head
+    is ``2*h*k`` (``k`` defaults to the full vocabulary; tied or untied, same cost). Embedding lookup, norms,
+    rotary, softmax and softcapping are O(h) and left out. Multi-head latent attention and linear
+    attention are not modelled (counted as ordinary attention).
+
+    ``config`` may be a composite (multimodal) config: its ``get_text_config()`` is used.
+    Returns ``{"attention_proj", "attention_ctx", "mlp", "lm_head", "total"}``.
     """
     c = _text_config(config)
     h = c.hidden_size
     nh = c.num_attention_heads
     nkv = getattr(c, "num_key_value_heads", None) or nh
     d = getattr(c, "head_dim", None) or h // nh
-    inter = c.intermediate_size
     layers = c.num_hidden_layers
-    gated = getattr(c, "hidden_act", None) is not None or getattr(c, "hidden_activation", None) is not None
-    k = c.vocab_size if k is None else k
-    layer_types = getattr(c, "layer_types", None) or ["full_attention"] * layers
+    gated = _is_gated(c) if gated is None else gated
+    k = c.vocab_size if k is None else int(k)
+    if k < 0:
+        raise ValueError(f"k must be >= 0 (0 = no head); got {k}.")
     window = getattr(c, "sliding_window", None)
 
     proj = 2 * h * (nh * d) + 2 * 2 * h * (nkv * d) + 2 * (nh * d) * h  # q, k+v, o
-    ctx = 0.0
-    for t in layer_types[:layers]:
-        keys = min(context_length, window) if (t == "sliding_attention" and window) else context_length
-        ctx += 2 * 2 * nh * d * keys  # scores q.k and weighted sum of values
-    mlp = (3 if gated else 2) * 2 * h * inter
+    ctx = 0
+    for t in _layer_types(c, layers):
+        keys = min(context_length, window) if (t in ("sliding_attention", "chunked_attention") and window) else context_length
+        ctx += 2 * 2 * nh * d * keys
     out = {
         "attention_proj": float(proj * layers),
         "attention_ctx": float(ctx),
-        "mlp": float(mlp * layers),
+        "mlp": float(sum(_mlp_flops_per_layer(c, h, gated, layers))),
         "lm_head": float(2 * h * k),
     }
     out["total"] = sum(out.values())
@@ -54,18 +127,19 @@ def draft_flops(config, k: int | None = None, context_length: int = 512) -> dict
 
 
 def head_share(config, k: int | None = None, context_length: int = 512) -> float:
+    """Share of one draft step's FLOPs spent in a k-row LM head (k defaults to the full vocabulary)."""
     f = draft_flops(config, k, context_length)
     return f["lm_head"] / f["total"]
 
 
 def flops_ratio_R(config, k: int, context_length: int = 512) -> float:
-    """Seed 000's R(k) = 1 - FLOPs(k) / FLOPs(V): the share of draft FLOPs trimming saves."""
+    """Seed 000's R(k) = 1 - FLOPs(k) / FLOPs(V): the share of draft FLOPs trimming to k rows saves."""
     return 1.0 - draft_flops(config, k, context_length)["total"] / draft_flops(config, None, context_length)["total"]
 
 
 @dataclass
 class LatencyCurve:
-    """Measured seconds of one cached draft step at kept sizes ``ks``; ``floor_seconds`` = body only."""
+    """Measured seconds of one cached draft step at kept sizes ``ks``; ``floor_seconds`` is the body only (k=0)."""
 
     ks: list[int]
     seconds: list[float]
@@ -73,90 +147,136 @@ class LatencyCurve:
     device: str = "cpu"
     dtype: str = "float32"
     context_length: int = 128
+    vocab_size: int | None = None  # full vocabulary of the measured model (rows of its LM head)
 
     def predict(self, k: float) -> float:
-        """Piecewise-linear between measured points, from the floor (k=0); extrapolated past the last k.
+        """Seconds of a draft step with a k-row head: piecewise-linear between the measured points.
 
-        Timing noise can make a bigger head look faster; a head never costs less with more rows, so the
-        points are made non-decreasing (running maximum) first.
+        Why not a fitted line ``a + b*k`` (or FLOPs): at batch 1 the head is a memory-bound GEMV. Its time
+        is flat while k*h weights fit in cache / one kernel launch dominates, then grows with the bytes
+        streamed, with kinks where the GEMV changes regime; and the whole step sits on a floor (the body)
+        that no head size removes. Linear interpolation through the measured points, anchored at the
+        floor for k=0, follows all of that without assuming a shape. Timing noise can make a bigger head
+        look faster; a head never costs less with more rows, so the points are made non-decreasing
+        (running maximum) first. Past the last measured k, the last segment's slope is extrapolated.
         """
         xs = [0.0, *map(float, self.ks)]
         ys = [self.floor_seconds]
         for t in self.seconds:
             ys.append(max(ys[-1], t))
+        k = float(k)
         if k >= xs[-1]:
-            return ys[-1] if len(xs) < 3 else ys[-1] + (k - xs[-1]) * (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+            if len(xs) < 2 or xs[-1] == xs[-2]:
+                return ys[-1]
+            return ys[-1] + (k - xs[-1]) * (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
         for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
             if x0 <= k <= x1:
                 return y0 + (k - x0) * (y1 - y0) / (x1 - x0) if x1 > x0 else y1
         return ys[0]
+
+    def relative(self, k: float, full: int | None = None) -> float:
+        """Draft-step time at k relative to the full head (``full`` defaults to ``vocab_size`` / the last k)."""
+        full = full or self.vocab_size or self.ks[-1]
+        return self.predict(k) / self.predict(full)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> LatencyCurve:
-        return cls(**d)
+        known = {f.name for f in fields(cls)}
+        return cls(**{key: v for key, v in d.items() if key in known})
 
     def plot(self, path) -> None:
+        """PNG: measured step latency vs k (log x), the interpolation, and the body-only floor."""
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot(self.ks, [s * 1e3 for s in self.seconds], "o-", label="draft step (body + k-row head)")
-        ax.axhline(self.floor_seconds * 1e3, ls="--", color="gray", label="no-head floor (body only)")
+        ax.plot(self.ks, [s * 1e3 for s in self.seconds], "o", label="measured: body + k-row head (median)")
+        lo, hi = max(1.0, min(self.ks) / 2), max(self.ks)
+        grid = torch.logspace(torch.log10(torch.tensor(lo)), torch.log10(torch.tensor(float(hi))), 200).tolist()
+        ax.plot(grid, [self.predict(x) * 1e3 for x in grid], "-", lw=1, color="C0", alpha=0.6,
+                label="predict(k): piecewise-linear")
+        ax.axhline(self.floor_seconds * 1e3, ls="--", color="gray", label="body-only floor (k=0)")
         ax.set_xscale("log")
-        ax.set_xlabel("kept vocabulary size k")
-        ax.set_ylabel("ms per draft token")
-        ax.set_title(f"measured draft-step latency ({self.device}, {self.dtype})")
+        ax.set_xlabel("kept vocabulary size k (LM-head rows)")
+        ax.set_ylabel("ms per draft step")
+        ax.set_title(f"draft-step latency ({self.device}, {self.dtype}, context {self.context_length})", fontsize=9)
+        ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(path, dpi=120)
         plt.close(fig)
 
 
+def _body(model):
+    prefix = getattr(model, "base_model_prefix", "model")
+    body = getattr(model, prefix, None)
+    if body is None or body is model:
+        body = model.get_decoder()
+    return body
+
+
 @torch.no_grad()
 def measure_draft_latency(
-    model, ks: Sequence[int], *, context_length: int = 128, repeats: int = 15, warmup: int = 2
+    model, ks: Sequence[int], *, context_length: int = 128, repeats: int = 15, warmup: int = 2, seed: int = 0
 ) -> LatencyCurve:
-    """Time one cached decode step of ``model``'s body plus a k-row head (rows sliced, no trim needed)."""
+    """Time one cached decode step of ``model``'s body plus a k-row LM head, for each k, and the body alone.
+
+    A ``DynamicCache(config=body_config)`` is prefilled with ``context_length`` tokens; each timed step
+    runs the body on ONE new token and multiplies its last hidden state by the first k rows of the
+    model's LM head (sliced from the weight: which rows does not change the time, so no trim is needed),
+    then crops the cache back so every step sees the same context. Sizes are timed round-robin (slow
+    drifts of a shared machine hit every k alike); each size reports the median of ``repeats``.
+    Works on a plain causal LM or a :class:`~hf_vocabspec.drafter.TrimmedDrafter` (then k <= its kept size).
+    """
     from transformers.cache_utils import DynamicCache
 
-    body = model.model if hasattr(model, "model") else model.get_decoder()
+    body = _body(model)
     weight = model.get_output_embeddings().weight.detach()
     device = weight.device
-    ids = torch.randint(0, weight.shape[0], (1, context_length), device=device, generator=None)
+    vocab = weight.shape[0]
+    asked = sorted({int(k) for k in ks if int(k) > 0})
+    if not asked:
+        raise ValueError("Pass at least one k > 0 (the body-only floor, k=0, is always measured).")
+    if asked[-1] > vocab:
+        warnings.warn(f"k={asked[-1]} exceeds the model's LM head ({vocab} rows): measuring k={vocab} instead.",
+                      stacklevel=2)
+    ks = sorted({min(k, vocab) for k in asked})
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (1, context_length + 1), generator=gen).to(device)
     cache = DynamicCache(config=body.config)
-    if hasattr(cache, "activate_past_recording"):
-        cache.activate_past_recording()
-    body(input_ids=ids, past_key_values=cache, use_cache=True)
-    step_ids = ids[:, -1:]
+    cache.activate_past_recording()  # sliding-window layers must be croppable back after each step
+    body(input_ids=ids[:, :context_length], past_key_values=cache, use_cache=True)
+    step_ids = ids[:, context_length:]
     pos = torch.tensor([[context_length]], device=device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def one_step(head: torch.Tensor | None) -> float:
+        sync()
         t0 = time.perf_counter()
         hidden = body(input_ids=step_ids, position_ids=pos, past_key_values=cache, use_cache=True).last_hidden_state
         if head is not None:
             torch.nn.functional.linear(hidden[:, -1], head)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        sync()
         dt = time.perf_counter() - t0
-        cache.crop(-1)  # keep the context length fixed
+        cache.crop(-1)  # back to context_length tokens
         return dt
 
-    ks = sorted(int(k) for k in ks if k > 0)
-    heads = [None] + [weight[: min(k, weight.shape[0])].contiguous() for k in ks]
+    heads = [None] + [weight[:k].contiguous() for k in ks]
     for head in heads:
         for _ in range(warmup):
             one_step(head)
-    # round-robin over sizes so slow drifts of a noisy machine hit every k alike
     times: list[list[float]] = [[] for _ in heads]
     for _ in range(repeats):
         for i, head in enumerate(heads):
             times[i].append(one_step(head))
     floor, *seconds = (statistics.median(t) for t in times)
-    return LatencyCurve(ks, seconds, floor, device=str(device), dtype=str(weight.dtype).removeprefix("torch."),
-                        context_length=context_length)
+    return LatencyCurve(
+        ks, seconds, floor, device=str(device), dtype=str(weight.dtype).removeprefix("torch."),
+        context_length=context_length, vocab_size=int(vocab),
+    )

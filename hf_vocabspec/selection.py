@@ -1,20 +1,38 @@
-"""Choosing the kept vocabulary size k: Optuna TPE under a minimum-coverage constraint.
+"""Choosing the kept vocabulary size k: Optuna TPE over k under a minimum-coverage constraint.
 
-Two objectives over k (the top-k tokens by assistant-token count are kept):
-- ``"throughput"`` (default): predicted speedup of speculative decoding, from the walltime formula
-  (1 - a^(L+1)) / ((1 - a)(L c + 1)) with per-token acceptance a(k) = acceptance_at_full * C(k)
-  (a target token outside the kept set can never be drafted) and draft/target cost ratio
-  c(k) = draft_to_target_cost * cost(k)/cost(V). It optimises what users want, with no hand-set weight.
-- ``"utility"``: seed 000's U(k) = alpha * C(k) + (1 - alpha) * R(k), R(k) = 1 - cost(k)/cost(V), kept
-  to reproduce the paper; alpha has no principled value.
-``cost`` is a measured :class:`~hf_vocabspec.cost.LatencyCurve` (preferred: the head is memory-bound, not
-linear in k) or a model config (architecture-aware FLOPs); the result records which was used.
-Trials only read the cached coverage curve, so 100 trials take seconds; a JournalStorage file makes
-a long or distributed study resumable.
+The top-k tokens by assistant-token count are kept; C(k) is their share of counted assistant tokens
+(:meth:`TokenCounts.coverage_curve`, computed once and cached, so a trial costs microseconds and 100
+trials take about a second). Two objectives:
+
+- ``"throughput"`` (the DEFAULT): the predicted walltime gain of speculative decoding (Leviathan et al.)
+  ``(1 - a^(L+1)) / ((1 - a)(L*c + 1))`` with ``L = num_assistant_tokens``, per-token acceptance
+  ``a(k) = acceptance_at_full * C(k)`` (a target token outside the kept set can never be drafted, so
+  coverage caps acceptance) and draft/target cost ratio ``c(k) = verify_cost_ratio * cost(k)/cost(V)``.
+  It is the default because it is the quantity users want (tokens per second), it prices a coverage loss
+  and a cost saving in the same unit, and it has no hand-set weight: with a cheap drafter (small c) it
+  keeps a large head, with an expensive one it trims harder, as it should.
+- ``"utility"``: seed 000's ``U(k) = alpha*C(k) + (1 - alpha)*R(k)``, ``R(k) = 1 - cost(k)/cost(V)``,
+  kept to reproduce the paper (alpha=0.5 on its command line); alpha has no principled value.
+
+``cost`` says what a draft step costs at k: a measured :class:`~hf_vocabspec.cost.LatencyCurve`
+(preferred: the head is a memory-bound GEMV whose latency is not linear in k and has a floor), a model
+config (architecture-aware FLOPs, seed 000's proxy), or any callable ``k -> cost relative to the full
+head``. The result records which was used.
+
+The constraint is Optuna's own (``trial.set_constraint``: feasible when ``min_coverage - C(k) <= 0``),
+so TPE learns where the feasible region is instead of seeing a -1 penalty; a fresh study first
+evaluates both ends of the feasible range (the smallest feasible k and k_max), so the choice is never
+worse than either. Runs are deterministic for a seed. ``storage`` (a file path -> ``JournalStorage(JournalFileBackend(path))``, or an RDB URL) makes a
+study resumable and shareable between processes: a second call continues to ``n_trials`` COMPLETE
+trials in total and keeps every earlier trial. The default study name is derived from the settings
+(objective, constraint, range, seed, cost kind, counts), so a study is never resumed with other
+settings; an explicit ``study_name`` whose stored settings differ is refused.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,42 +40,63 @@ from pathlib import Path
 
 import torch
 
-from .coverage import TokenCounts
 from .cost import LatencyCurve, draft_flops
+from .coverage import TokenCounts
+
+OBJECTIVES = ("throughput", "utility")
 
 
-def relative_cost_fn(cost, vocab_size: int) -> tuple[Callable[[int], float], str]:
-    """k -> draft-step cost relative to the full head, and a label saying where it comes from."""
+def relative_cost_fn(cost, vocab_size: int, context_length: int = 512) -> tuple[Callable[[int], float], str]:
+    """k -> draft-step cost relative to the full head (k = ``vocab_size``), and a label saying where it comes from."""
     if isinstance(cost, LatencyCurve):
         full = cost.predict(vocab_size)
         return (lambda k: cost.predict(k) / full), f"measured latency ({cost.device}, {cost.dtype})"
-    if callable(cost):
-        return cost, "user-supplied cost function"
     if hasattr(cost, "get_text_config") or hasattr(cost, "hidden_size"):
-        full = draft_flops(cost, vocab_size)["total"]
-        return (lambda k: draft_flops(cost, k)["total"] / full), "architecture-aware FLOPs"
-    raise ValueError("cost must be a LatencyCurve (hf_vocabspec.cost.measure_draft_latency), a model config, "
-                     "or a callable k -> relative draft cost.")
+        full = draft_flops(cost, vocab_size, context_length)["total"]
+        return (lambda k: draft_flops(cost, k, context_length)["total"] / full), "architecture-aware FLOPs"
+    if callable(cost):
+        return (lambda k: float(cost(k))), "user-supplied cost function"
+    raise ValueError(
+        "cost must be a LatencyCurve (hf_vocabspec.cost.measure_draft_latency(drafter, ks)), a model config "
+        "(FLOPs), or a callable k -> draft-step cost relative to the full head."
+    )
 
 
 def predicted_speedup(acceptance: float, num_draft: int, cost_ratio: float) -> float:
-    """Expected walltime gain of speculative decoding (Leviathan et al.)."""
+    """Expected walltime gain of speculative decoding over target-only (Leviathan et al. 2023)."""
     a = min(max(acceptance, 0.0), 1 - 1e-9)
     return (1 - a ** (num_draft + 1)) / ((1 - a) * (num_draft * cost_ratio + 1))
 
 
+def _pareto(points) -> list[tuple[int, float, float]]:
+    """Non-dominated (k, coverage, cost): no other point has at least the coverage at no more cost (one strictly)."""
+    pts = sorted(set(points), key=lambda p: (p[2], -p[1], p[0]))
+    front, best = [], -math.inf
+    for p in pts:
+        if p[1] > best:
+            front.append(p)
+            best = p[1]
+    return front
+
+
 @dataclass
 class SelectionResult:
+    """The chosen k and the evidence: trials (number, k, coverage, relative cost, value) and a dense sweep."""
+
     k: int
     coverage: float
     objective: str
-    value: float
-    relative_draft_cost: float
+    value: float  # the objective at k (predicted speedup for "throughput", U(k) for "utility")
+    relative_draft_cost: float  # draft-step cost at k / at the full head
     cost_source: str
     min_coverage: float
-    token_ids: torch.Tensor = field(repr=False)
-    trials: list[tuple[int, float, float, float]] = field(default_factory=list, repr=False)  # k, C, cost, value
+    token_ids: torch.Tensor = field(repr=False)  # counts.top_k(k): ids by descending count
+    predicted_speedup: float = float("nan")  # end-to-end vs target-only, walltime formula at k
+    predicted_speedup_full_head: float = float("nan")  # the same with the untrimmed drafter
+    trials: list[tuple[int, int, float, float, float]] = field(default_factory=list, repr=False)
     sweep: list[tuple[int, float, float]] = field(default_factory=list, repr=False)  # k, C, cost
+    settings: dict = field(default_factory=dict, repr=False)
+    study_name: str = ""
 
     @property
     def predicted_draft_speedup(self) -> float:
@@ -66,40 +105,43 @@ class SelectionResult:
 
     @property
     def pareto(self) -> list[tuple[int, float, float]]:
-        """Non-dominated (k, coverage, cost) points: no other point has more coverage at no more cost."""
-        pts = sorted({(k, c, r) for k, c, r, _ in self.trials} | set(self.sweep), key=lambda p: (p[2], -p[1]))
-        front, best = [], -1.0
-        for p in pts:
-            if p[1] > best:
-                front.append(p)
-                best = p[1]
-        return front
+        """Non-dominated (k, coverage, relative cost) points over the TPE trials AND the dense top-k sweep."""
+        return _pareto([(t[1], t[2], t[3]) for t in self.trials] + list(self.sweep))
 
     def to_dict(self) -> dict:
-        return {"k": self.k, "coverage": self.coverage, "objective": self.objective, "value": self.value,
-                "relative_draft_cost": self.relative_draft_cost, "cost_source": self.cost_source,
-                "predicted_draft_speedup": self.predicted_draft_speedup, "min_coverage": self.min_coverage,
-                "pareto": self.pareto, "trials": self.trials}
+        return {
+            "k": self.k, "coverage": self.coverage, "objective": self.objective, "value": self.value,
+            "relative_draft_cost": self.relative_draft_cost, "predicted_draft_speedup": self.predicted_draft_speedup,
+            "predicted_speedup": self.predicted_speedup, "predicted_speedup_full_head": self.predicted_speedup_full_head,
+            "cost_source": self.cost_source, "min_coverage": self.min_coverage, "study_name": self.study_name,
+            "settings": self.settings,
+            "pareto": [{"k": k, "coverage": c, "relative_cost": r} for k, c, r in self.pareto],
+            "trials": [{"number": n, "k": k, "coverage": c, "relative_cost": r, "value": v} for n, k, c, r, v in self.trials],
+            "token_ids": [int(i) for i in self.token_ids.tolist()],
+        }
 
     def plot_pareto(self, path) -> None:
+        """PNG: coverage vs relative draft cost; sweep, trials, Pareto front, chosen k, infeasible band shaded."""
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(6.5, 4.2))
-        sw = sorted(self.sweep)  # by k: coverage and cost both grow with k
+        sw = sorted(self.sweep)
         ax.plot([p[2] for p in sw], [p[1] for p in sw], "-", color="gray", lw=1, label="top-k sweep")
-        ax.scatter([t[2] for t in self.trials], [t[1] for t in self.trials], s=12, alpha=0.6, label="TPE trials")
+        ax.scatter([t[3] for t in self.trials], [t[2] for t in self.trials], s=12, alpha=0.6, label="TPE trials")
         front = self.pareto
         ax.plot([p[2] for p in front], [p[1] for p in front], "-", color="C2", lw=1.5, label="Pareto frontier")
-        ax.axhspan(0, self.min_coverage, color="red", alpha=0.07, label=f"infeasible (coverage < {self.min_coverage})")
+        lo = max(min([p[1] for p in sw] + [self.min_coverage]) - 0.02, 0.0)
+        ax.axhspan(lo, self.min_coverage, color="red", alpha=0.08,
+                   label=f"infeasible (coverage < {self.min_coverage:g})")
         ax.scatter([self.relative_draft_cost], [self.coverage], marker="*", s=180, color="C3", zorder=5,
-                   label=f"chosen k={self.k:,}")
-        lo = min([p[1] for p in sw] + [self.min_coverage]) - 0.02
-        ax.set_ylim(max(lo, 0), 1.0)
-        ax.set_xlabel(f"relative draft-step cost ({self.cost_source})")
+                   label=f"chosen k={self.k:,} (C={self.coverage:.2%})")
+        ax.set_ylim(lo, 1.0 + 0.005)
+        ax.set_xlabel(f"draft-step cost relative to the full head ({self.cost_source})", fontsize=8)
         ax.set_ylabel("coverage of assistant tokens")
+        ax.set_title(f"objective={self.objective}: {self.value:.3f}", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
         fig.tight_layout()
@@ -107,9 +149,22 @@ class SelectionResult:
         plt.close(fig)
 
 
+def _storage(storage):
+    if storage is None or not isinstance(storage, (str, Path)):
+        return storage  # None (in memory) or an optuna storage object
+    s = str(storage)
+    if s.startswith(("sqlite:", "postgresql:", "mysql:")):
+        return s
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    Path(s).parent.mkdir(parents=True, exist_ok=True)
+    return JournalStorage(JournalFileBackend(s))
+
+
 def select_vocabulary(
     counts: TokenCounts,
-    cost,
+    cost=None,
     *,
     min_coverage: float = 0.95,
     objective: str = "throughput",
@@ -117,35 +172,75 @@ def select_vocabulary(
     n_trials: int = 100,
     seed: int = 42,
     k_range: tuple[int, int] = (50, 50000),
-    storage: str | Path | None = None,
-    study_name: str = "hf_vocabspec-vocabulary",
+    storage=None,
+    study_name: str | None = None,
     acceptance_at_full: float = 0.98,
-    num_draft: int = 5,
-    draft_to_target_cost: float = 0.5,
+    num_assistant_tokens: int = 5,
+    verify_cost_ratio: float = 0.5,
+    context_length: int = 512,
 ) -> SelectionResult:
-    """Search k with TPE (seeded, reproducible) subject to coverage(k) >= min_coverage."""
+    """Search k with seeded TPE subject to ``coverage(k) >= min_coverage``; see the module docstring.
+
+    ``cost``: LatencyCurve | model config | callable k -> relative draft cost (required).
+    ``verify_cost_ratio``: c(V), the cost of one draft step with the FULL head divided by one target
+    verification call (measure it: a 270M bf16 drafter on a 270M fp32 target costs ~0.7 on a CPU without
+    bf16 units; a 1B drafter for an 8B target ~0.15). Only the throughput objective uses it, with
+    ``acceptance_at_full`` (acceptance of the untrimmed drafter) and ``num_assistant_tokens`` (L).
+    ``storage``: a file path (journal) or RDB URL makes the study resumable; ``k_range`` is clipped to
+    the counted vocabulary. Raises ValueError when no k in range reaches ``min_coverage``.
+    """
     import optuna
 
-    if objective not in ("throughput", "utility"):
-        raise ValueError(f"objective must be 'throughput' or 'utility'; got {objective!r}.")
-    lo, hi = max(1, k_range[0]), min(k_range[1], counts.vocab_size)
+    if cost is None:
+        raise ValueError("Pass cost=: a LatencyCurve (measure_draft_latency), a model config, or a callable k -> cost.")
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}; got {objective!r}.")
+    if not 0 < min_coverage <= 1:
+        raise ValueError(f"min_coverage must be in (0, 1]; got {min_coverage}.")
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"alpha must be in [0, 1]; got {alpha}.")
+    if n_trials < 1:
+        raise ValueError(f"n_trials must be >= 1; got {n_trials}.")
+    if counts.num_tokens == 0:
+        raise ValueError("No tokens were counted: count a dataset with assistant turns first.")
+    lo, hi = max(1, int(k_range[0])), min(int(k_range[1]), counts.vocab_size)
     if lo > hi:
-        raise ValueError(f"Empty k_range {k_range} for a vocabulary of {counts.vocab_size}.")
+        raise ValueError(f"Empty k_range {tuple(k_range)} for a counted vocabulary of {counts.vocab_size}.")
     best_cov = counts.coverage(hi)
     if best_cov < min_coverage:
+        k_best = counts.smallest_k_for_coverage(best_cov) if best_cov > 0 else hi
+        full_cov = counts.coverage(counts.vocab_size)
+        widen = (f"or widen k_range to reach k={counts.smallest_k_for_coverage(min_coverage):,}"
+                 if full_cov >= min_coverage else f"(even the full vocabulary only reaches {full_cov:.2%})")
         raise ValueError(
-            f"No k in [{lo}, {hi}] reaches coverage {min_coverage:.2%}: the best is {best_cov:.2%} at k={hi}. "
-            f"Lower min_coverage (to at most {math.floor(best_cov * 1000) / 1000}) or widen k_range."
+            f"No k in [{lo}, {hi}] reaches coverage {min_coverage:.2%}: the best is {best_cov:.2%} at k={k_best}. "
+            f"Lower min_coverage (to at most {math.floor(best_cov * 1e4) / 1e4}) {widen}."
         )
-    rel_cost, source = relative_cost_fn(cost, counts.vocab_size)
+    rel_cost, source = relative_cost_fn(cost, counts.vocab_size, context_length)
+    curve = counts.coverage_curve().tolist()  # cached; a plain list makes a trial a few list lookups
+
+    def cov(k: int) -> float:
+        return curve[min(k, len(curve)) - 1] if k > 0 else 0.0
 
     def value_of(k: int) -> tuple[float, float, float]:
-        c, r = counts.coverage(k), rel_cost(k)
+        c, r = cov(k), float(rel_cost(k))
         if objective == "utility":
             v = alpha * c + (1 - alpha) * (1 - r)
         else:
-            v = predicted_speedup(acceptance_at_full * c, num_draft, draft_to_target_cost * r)
+            v = predicted_speedup(acceptance_at_full * c, num_assistant_tokens, verify_cost_ratio * r)
         return c, r, v
+
+    settings = {
+        "objective": objective, "min_coverage": min_coverage, "k_range": [lo, hi], "seed": seed,
+        "cost_kind": source, "counts": [counts.vocab_size, counts.num_tokens, counts.tokenizer_name],
+    }
+    if objective == "utility":
+        settings["alpha"] = alpha
+    else:
+        settings.update(acceptance_at_full=acceptance_at_full, num_assistant_tokens=num_assistant_tokens,
+                        verify_cost_ratio=verify_cost_ratio)
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+    name = study_name or f"hf_vocabspec-{objective}-{digest}"
 
     def objective_fn(trial: optuna.Trial) -> float:
         k = trial.suggest_int("k", lo, hi, log=True)
@@ -155,31 +250,45 @@ def select_vocabulary(
         trial.set_user_attr("relative_cost", r)
         return v
 
-    if storage is not None and not str(storage).startswith(("sqlite:", "postgresql:", "mysql:")):
-        from optuna.storages import JournalStorage
-        from optuna.storages.journal import JournalFileBackend
-
-        storage = JournalStorage(JournalFileBackend(str(storage)))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(
-        direction="maximize", study_name=study_name, storage=storage, load_if_exists=True,
+        direction="maximize", study_name=name, storage=_storage(storage), load_if_exists=True,
         sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, n_trials)),
     )
-    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    if len(done) < n_trials:
-        study.optimize(objective_fn, n_trials=n_trials - len(done))
-    trials = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    feasible = [t for t in trials if all(v <= 0 for v in t.constraints.values())]
-    if not feasible:  # TPE never sampled a feasible k: fall back to the smallest feasible k
+    stored = study.user_attrs.get("hf_vocabspec_settings")
+    if stored is None:
+        study.set_user_attr("hf_vocabspec_settings", settings)
+    elif stored != json.loads(json.dumps(settings)):
+        diff = sorted(k for k in set(stored) | set(settings) if stored.get(k) != json.loads(json.dumps(settings)).get(k))
+        raise ValueError(f"Study {name!r} in this storage was run with other settings ({', '.join(diff)}): "
+                         "pass another study_name (or leave it unset to derive one from the settings).")
+
+    complete = (optuna.trial.TrialState.COMPLETE,)
+    if not study.get_trials(deepcopy=False):
+        # Anchor a fresh study at both ends of the feasible range (the smallest feasible k, and k_max,
+        # i.e. "barely trim"), so the choice is never worse than either; TPE then searches between.
+        for anchor in sorted({max(lo, counts.smallest_k_for_coverage(min_coverage)), hi})[:n_trials]:
+            study.enqueue_trial({"k": anchor})
+    done = len(study.get_trials(deepcopy=False, states=complete))
+    if done < n_trials:
+        study.optimize(objective_fn, n_trials=n_trials - done,
+                       callbacks=[optuna.study.MaxTrialsCallback(n_trials, states=complete)])
+    finished = sorted(study.get_trials(deepcopy=False, states=complete), key=lambda t: t.number)
+    # Values recomputed under the current cost (identical to the recorded ones unless the cost was re-measured).
+    trials = [(t.number, int(t.params["k"]), *value_of(int(t.params["k"]))) for t in finished]
+    feasible = [t for t in trials if t[2] >= min_coverage]
+    if feasible:
+        k = max(feasible, key=lambda t: (t[4], -t[1]))[1]
+    else:  # TPE never sampled a feasible k (tiny n_trials): the smallest feasible k
         k = max(lo, counts.smallest_k_for_coverage(min_coverage))
-    else:
-        k = max(feasible, key=lambda t: (t.value, -t.params["k"])).params["k"]
     c, r, v = value_of(k)
-    sweep_ks = sorted({int(round(x)) for x in torch.logspace(math.log10(lo), math.log10(hi), 60).tolist()})
-    sweep = [(kk, counts.coverage(kk), rel_cost(kk)) for kk in sweep_ks]
+    sweep_ks = {int(round(x)) for x in torch.logspace(math.log10(lo), math.log10(hi), 200, dtype=torch.float64).tolist()}
+    sweep = [(kk, *value_of(kk)[:2]) for kk in sorted(sweep_ks | {lo, hi, k})]
     return SelectionResult(
         k=k, coverage=c, objective=objective, value=v, relative_draft_cost=r, cost_source=source,
         min_coverage=min_coverage, token_ids=counts.top_k(k),
-        trials=[(t.params["k"], t.user_attrs["coverage"], t.user_attrs["relative_cost"], t.value) for t in trials],
-        sweep=sweep,
+        predicted_speedup=predicted_speedup(acceptance_at_full * c, num_assistant_tokens, verify_cost_ratio * r),
+        predicted_speedup_full_head=predicted_speedup(acceptance_at_full * cov(counts.vocab_size),
+                                                      num_assistant_tokens, verify_cost_ratio * float(rel_cost(counts.vocab_size))),
+        trials=trials, sweep=sweep, settings=settings, study_name=name,
     )

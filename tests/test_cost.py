@@ -1,44 +1,98 @@
-"""Draft cost model: FLOPs against hand counts for two architectures; the measured latency curve."""
+"""Draft cost model: FLOPs against hand counts for several architectures; the measured latency curve."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from tiny import gemma3_config, llama_config
-from transformers import LlamaForCausalLM
+from transformers import GPTNeoXConfig, LlamaForCausalLM, MistralConfig, MixtralConfig
 
 from hf_vocabspec.cost import LatencyCurve, draft_flops, flops_ratio_R, head_share, measure_draft_latency
 
 
 def test_llama_flops_by_hand():
-    c = llama_config()  # h=32, 4 heads, 2 kv heads, head_dim 8, inter 64, 2 layers, vocab 64
+    c = llama_config()  # h=32, 4 heads, 2 kv heads, head_dim 8 (=32/4), inter 64, 2 layers, vocab 64
     f = draft_flops(c, k=64, context_length=10)
-    q, kv, o = 2 * 32 * 32, 2 * (2 * 32 * 16), 2 * 32 * 32
-    assert f["attention_proj"] == 2 * (q + kv + o)
-    assert f["attention_ctx"] == 2 * (4 * 4 * 8 * 10)
-    assert f["mlp"] == 2 * (3 * 2 * 32 * 64)
+    q = 2 * 32 * (4 * 8)  # 2 FLOPs per multiply-add, h -> heads*head_dim
+    kv = 2 * (2 * 32 * (2 * 8))  # k and v: h -> kv_heads*head_dim (GQA)
+    o = 2 * (4 * 8) * 32
+    assert f["attention_proj"] == 2 * (q + kv + o) == 2 * (2048 + 2048 + 2048)
+    assert f["attention_ctx"] == 2 * (2 * 2 * 4 * 8 * 10)  # (q.k + p.v) * heads * head_dim * 10 keys, 2 layers
+    assert f["mlp"] == 2 * (3 * 2 * 32 * 64)  # gate, up, down (SiLU-gated)
     assert f["lm_head"] == 2 * 32 * 64
-    assert f["total"] == f["attention_proj"] + f["attention_ctx"] + f["mlp"] + f["lm_head"]
+    assert f["total"] == f["attention_proj"] + f["attention_ctx"] + f["mlp"] + f["lm_head"] == 12288 + 2560 + 24576 + 4096
+    assert draft_flops(c)["lm_head"] == 2 * 32 * 64  # k defaults to the full vocabulary
+    assert draft_flops(c, k=0)["lm_head"] == 0
 
 
 def test_gemma3_flops_by_hand_sliding_window_and_head_dim():
-    c = gemma3_config()  # h=32, 2 heads, 1 kv head, head_dim 16 (!= 32/2), window 4, layers sliding,sliding,full
+    # h=32, 4 heads, 1 kv head, head_dim 16 (heads*head_dim = 64 != h = 32), window 4,
+    # layers sliding, sliding, full; GELU-tanh gated MLP with I=64
+    c = gemma3_config(num_attention_heads=4, num_key_value_heads=1)
+    assert c.head_dim == 16 and c.hidden_size // c.num_attention_heads == 8
     f = draft_flops(c, k=10, context_length=100)
-    q, kv, o = 2 * 32 * 32, 2 * (2 * 32 * 16), 2 * 32 * 32
-    assert f["attention_proj"] == 3 * (q + kv + o)
-    assert f["attention_ctx"] == 4 * 2 * 16 * 4 + 4 * 2 * 16 * 4 + 4 * 2 * 16 * 100
-    assert f["mlp"] == 3 * (3 * 2 * 32 * 64)
-    assert f["lm_head"] == 2 * 32 * 10
-    assert 0 < head_share(c, 10) < head_share(c, 64) < 1
-    assert flops_ratio_R(c, 64) == 0 and flops_ratio_R(c, 10) > 0
+    q = 2 * 32 * (4 * 16)  # 4096
+    kv = 2 * (2 * 32 * (1 * 16))  # 2048
+    o = 2 * (4 * 16) * 32  # 4096
+    assert f["attention_proj"] == 3 * (q + kv + o) == 30720
+    sliding = 2 * 2 * 4 * 16 * 4  # 1024: the window's 4 keys, not the 100 of the context
+    full = 2 * 2 * 4 * 16 * 100  # 25600
+    assert f["attention_ctx"] == 2 * sliding + full == 27648
+    assert f["mlp"] == 3 * (3 * 2 * 32 * 64) == 36864
+    assert f["lm_head"] == 2 * 32 * 10 == 640
+    assert f["total"] == 30720 + 27648 + 36864 + 640 == 95872
+    assert draft_flops(c, k=10, context_length=3)["attention_ctx"] == 3 * (2 * 2 * 4 * 16 * 3)  # context < window
+    assert 0 < head_share(c, 10, 100) < head_share(c, 64, 100) < 1
+    assert head_share(c, 64, 100) == pytest.approx(4096 / (95872 - 640 + 4096))
+    assert flops_ratio_R(c, 64, 100) == 0
+    assert flops_ratio_R(c, 10, 100) == pytest.approx(1 - 95872 / 99328)
+
+
+def test_non_gated_moe_and_implicit_sliding_window():
+    neox = GPTNeoXConfig(hidden_size=32, num_attention_heads=4, intermediate_size=128, num_hidden_layers=2, vocab_size=50)
+    f = draft_flops(neox, k=50, context_length=8)
+    assert f["mlp"] == 2 * (2 * 2 * 32 * 128)  # up + down only
+    assert f["attention_proj"] == 2 * (4 * 2 * 32 * 32)  # MHA: q, k, v, o all h x h
+    assert draft_flops(neox, 50, 8, gated=True)["mlp"] == 2 * (3 * 2 * 32 * 128)
+    mix = MixtralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2, vocab_size=50)
+    assert draft_flops(mix, 50)["mlp"] == 2 * (2 * 32 * 8 + 2 * 3 * 2 * 32 * 64)  # router + 2 active experts
+    mistral = MistralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, sliding_window=16, vocab_size=50)
+    assert draft_flops(mistral, 50, context_length=1000)["attention_ctx"] == 2 * (2 * 2 * 4 * 8 * 16)
 
 
 def test_measured_latency_curve_shapes_and_interpolation(tmp_path):
     torch.manual_seed(0)
     model = LlamaForCausalLM(llama_config()).eval()
-    curve = measure_draft_latency(model, [8, 32, 64], context_length=16, repeats=3, warmup=1)
+    curve = measure_draft_latency(model, [64, 8, 32, 32], context_length=16, repeats=3, warmup=1)
     assert curve.ks == [8, 32, 64] and len(curve.seconds) == 3 and curve.floor_seconds > 0
+    assert curve.vocab_size == 64 and curve.dtype == "float32" and curve.context_length == 16
     assert curve.predict(0) == curve.floor_seconds
-    assert min(curve.seconds[0], curve.seconds[1]) <= curve.predict(20) <= max(curve.seconds[0], curve.seconds[1])
+    preds = [curve.predict(k) for k in range(0, 129, 4)]
+    assert all(b >= a for a, b in zip(preds, preds[1:]))  # never cheaper with more rows, never below the floor
+    assert min(preds) == curve.floor_seconds
+    lo, hi = curve.predict(8), curve.predict(32)
+    assert lo <= curve.predict(20) <= hi
+    assert curve.predict(20) == pytest.approx(lo + (hi - lo) * 12 / 24)
+    assert curve.relative(64) == 1.0
     assert LatencyCurve.from_dict(curve.to_dict()) == curve
     curve.plot(tmp_path / "lat.png")
     assert (tmp_path / "lat.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.warns(UserWarning, match="exceeds"):
+        assert measure_draft_latency(model, [8, 65], context_length=4, repeats=1, warmup=0).ks == [8, 64]
+
+
+def test_latency_curve_sliding_window_model():
+    from tiny import make_pair
+
+    _, drafter = make_pair("gemma3")  # window 4 < context 8: the sliding-layer cache must crop back
+    curve = measure_draft_latency(drafter, [16, 64], context_length=8, repeats=2, warmup=1)
+    assert len(curve.seconds) == 2 and all(s > 0 for s in curve.seconds)
+
+
+def test_interpolation_is_monotone_under_noise():
+    curve = LatencyCurve(ks=[100, 200, 400], seconds=[0.012, 0.011, 0.02], floor_seconds=0.013)
+    assert curve.predict(0) == 0.013 and curve.predict(100) == 0.013 and curve.predict(200) == 0.013
+    assert curve.predict(300) == pytest.approx(0.0165)
+    assert curve.predict(600) == pytest.approx(0.027)  # last slope extrapolated
