@@ -1,76 +1,295 @@
-"""Trimmed drafters on the Hugging Face Hub: push with a model card, load with compatibility checks."""
+"""Trimmed drafters on the Hugging Face Hub: push with a model card, load with compatibility checks.
+
+    push_drafter_to_hub(drafter, "user/gemma-3-270m-trimmed", tokenizer=tok)        # one commit: weights + card
+    drafter = load_drafter("user/gemma-3-270m-trimmed", target=target, tokenizer=tok)  # refuses a mismatch
+
+A pushed repo holds ``config.json`` (``model_type: hf_vocabspec_trimmed_drafter``, ``draft_vocab_size``, the map's
+checksum, target and tokenizer fingerprint), ``model.safetensors`` (trimmed head + ``d2t`` absolute ids),
+``generation_config.json``, the tokenizer when given, and ``README.md`` rendered from
+``model_cards/drafter_card.md``.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import tempfile
 from pathlib import Path
+from typing import Any
+
+from huggingface_hub.errors import EntryNotFoundError
 
 from .drafter import MODEL_TYPE, TrimmedDrafter, VocabularyMapError, tokenizer_sha256
 
+logger = logging.getLogger(__name__)
+
 TEMPLATE = Path(__file__).resolve().parent.parent / "model_cards" / "drafter_card.md"
+CARD_TAGS = ["hf_vocabspec", "speculative-decoding", "draft-model", "trimmed-vocabulary"]
+DEFAULT_COMMIT_MESSAGE = "Upload trimmed drafter (hf_vocabspec)"
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
-def build_model_card(drafter: TrimmedDrafter, repo_id: str = "<repo-id>", license: str | None = None):
-    """A ``huggingface_hub.ModelCard`` from ``model_cards/drafter_card.md`` and the drafter's config."""
+class DrafterLoadError(OSError):
+    """A drafter could not be loaded from a repo or directory."""
+
+
+class DrafterNotFoundError(DrafterLoadError):
+    """No such repo, revision, or local directory (or no access to it)."""
+
+
+class DrafterFileMissingError(DrafterLoadError, EntryNotFoundError):
+    """The repo/directory exists but a file the drafter needs is missing (an ``EntryNotFoundError``)."""
+
+
+class NotATrimmedDrafterError(VocabularyMapError):
+    """The repo holds a model that is not an hf_vocabspec trimmed drafter (no vocabulary map)."""
+
+
+class DrafterMismatchError(VocabularyMapError):
+    """The drafter was trimmed for another target vocabulary or tokenizer."""
+
+
+# --- model card --------------------------------------------------------------------------------------------
+def _is_hub_id(name: str | None) -> bool:
+    """A plausible Hub repo id ("org/name"), not a local path or an ``offline:`` name."""
+    if not name or not isinstance(name, str) or name.startswith(("/", ".", "~", "offline:")) or "://" in name:
+        return False
+    if os.path.isabs(name) or "\\" in name:
+        return False
+    return name.count("/") == 1 and all(name.split("/"))
+
+
+def _fmt(key: str, value: Any) -> str:
+    if isinstance(value, float):
+        if "coverage" in key and 0.0 <= value <= 1.0:
+            return f"{value:.2%}"
+        return f"{value:.4g}"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10_000:
+        return f"{value:,}"
+    if isinstance(value, (list, tuple)):
+        shown = ", ".join(_fmt(key, v) for v in value[:8])
+        return f"[{shown}, ... ({len(value)} items)]" if len(value) > 8 else f"[{shown}]"
+    if isinstance(value, dict):
+        return json.dumps(value, default=str)[:200]
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def build_model_card(drafter: TrimmedDrafter, repo_id: str = "<repo-id>", *, license: str | None = None,
+                     tokenizer_fingerprint: str | None = None):
+    """A ``huggingface_hub.ModelCard`` rendered from ``model_cards/drafter_card.md`` and the drafter's config.
+
+    Offline: ``base_model`` is taken as given (only written to the YAML when it looks like a Hub id), nothing
+    is fetched or validated against the Hub.
+    """
     from huggingface_hub import ModelCard, ModelCardData
 
     cfg = drafter.config
-    base = cfg.base_drafter if cfg.base_drafter and not str(cfg.base_drafter).startswith(("/", "offline:")) else None
-    selection = cfg.selection or {}
-    datasets = [d for d in [selection.get("dataset")] if d and not str(d).startswith(("offline:", "/"))]
+    selection = dict(cfg.selection or {})
+    dataset = selection.get("dataset")
+    fingerprint = tokenizer_fingerprint or cfg.target_tokenizer_sha256
     data = ModelCardData(
-        library_name="transformers", tags=["hf_vocabspec", "speculative-decoding", "draft-model", "trimmed-vocabulary"],
-        base_model=base, datasets=datasets or None, license=license, pipeline_tag="text-generation",
-        draft_vocab_size=cfg.draft_vocab_size, target_model=cfg.target_model,
+        library_name="transformers",
+        pipeline_tag="text-generation",
+        tags=list(CARD_TAGS),
+        base_model=cfg.base_drafter if _is_hub_id(cfg.base_drafter) else None,
+        datasets=[dataset] if _is_hub_id(dataset) else None,
+        license=license,
+        # extra keys are kept in the YAML header: machine-readable facts about the trim
+        draft_vocab_size=int(cfg.draft_vocab_size),
+        vocab_size=int(cfg.vocab_size),
+        target_model=cfg.target_model,
+        target_tokenizer_sha256=fingerprint,
     )
     return ModelCard.from_template(
-        data, template_path=str(TEMPLATE), model_name=repo_id.split("/")[-1], repo_id=repo_id,
-        draft_vocab_size=f"{cfg.draft_vocab_size:,}", vocab_size=f"{cfg.vocab_size:,}",
-        kept_share=f"{cfg.draft_vocab_size / cfg.vocab_size:.1%}", base_drafter=cfg.base_drafter or "unknown",
-        target_model=cfg.target_model or "<target model>", tokenizer_sha256=cfg.target_tokenizer_sha256 or "not recorded",
-        selection=", ".join(f"{k}={v}" for k, v in selection.items()) or "not recorded",
-        vocab_map_sha256=cfg.vocab_map_sha256, license=license or "see the base drafter",
+        data,
+        template_path=str(TEMPLATE),
+        model_name=repo_id.split("/")[-1],
+        repo_id=repo_id,
+        base_drafter=cfg.base_drafter,
+        target_model=cfg.target_model,
+        draft_vocab_size=f"{cfg.draft_vocab_size:,}",
+        vocab_size=f"{cfg.vocab_size:,}",
+        kept_share=f"{cfg.draft_vocab_size / max(cfg.vocab_size, 1):.1%}",
+        tokenizer_sha256=fingerprint,
+        vocab_map_sha256=cfg.vocab_map_sha256,
+        selection=[(k, _fmt(k, v)) for k, v in selection.items() if v is not None],
+        license_name=license,
     )
 
 
-def push_drafter_to_hub(drafter: TrimmedDrafter, repo_id: str, *, tokenizer=None, token: str | None = None,
-                        private: bool = False, license: str | None = None) -> str:
-    """Push weights (safetensors, map inside), config, tokenizer and a generated model card; return the URL."""
-    from huggingface_hub import create_repo
+# --- push ----------------------------------------------------------------------------------------------------
+def push_drafter_to_hub(
+    drafter: TrimmedDrafter,
+    repo_id: str,
+    *,
+    tokenizer=None,
+    token: str | None = None,
+    private: bool = False,
+    commit_message: str = DEFAULT_COMMIT_MESSAGE,
+    license: str | None = None,
+    revision: str | None = None,
+) -> str:
+    """Push the drafter (safetensors with the map inside, config, generation config), the tokenizer when
+    given, and a generated model card (README.md) in ONE commit; return the repo URL.
 
-    url = create_repo(repo_id, token=token, private=private, exist_ok=True)
-    drafter.push_to_hub(repo_id, token=token, commit_message="Upload trimmed drafter (hf_vocabspec)")
+    With ``tokenizer``, its fingerprint must match the one recorded at trim time (a drafter trimmed without
+    a tokenizer gets it recorded in the pushed config).
+    """
+    from huggingface_hub import HfApi
+
+    drafter.validate_vocab_map()
+    fingerprint = None
     if tokenizer is not None:
-        tokenizer.push_to_hub(repo_id, token=token, commit_message="Upload tokenizer")
-    build_model_card(drafter, repo_id, license).push_to_hub(repo_id, token=token, commit_message="Add model card")
-    return str(url)
+        fingerprint = tokenizer_sha256(tokenizer)
+        recorded = drafter.config.target_tokenizer_sha256
+        if recorded and recorded != fingerprint:
+            raise DrafterMismatchError(
+                "The tokenizer passed to push_drafter_to_hub differs from the one this drafter was trimmed with "
+                "(token->id fingerprints differ): push the target's tokenizer, or none."
+            )
+    api = HfApi(token=token)
+    repo_url = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+    full_id = getattr(repo_url, "repo_id", None) or repo_id
+    with tempfile.TemporaryDirectory(prefix="hf-vocabspec-push-") as tmp:
+        drafter.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+            cfg_path = Path(tmp) / "config.json"
+            cfg = json.loads(cfg_path.read_text())
+            if not cfg.get("target_tokenizer_sha256"):
+                cfg["target_tokenizer_sha256"] = fingerprint
+                cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        card = build_model_card(drafter, full_id, license=license, tokenizer_fingerprint=fingerprint)
+        card.save(str(Path(tmp) / "README.md"))
+        api.upload_folder(repo_id=full_id, folder_path=tmp, repo_type="model", revision=revision,
+                          commit_message=commit_message)
+    return str(repo_url)
 
 
-def load_drafter(repo_or_path: str, *, target=None, tokenizer=None, **kwargs) -> TrimmedDrafter:
-    """Load a TrimmedDrafter and refuse it when it does not belong to ``target`` / ``tokenizer``."""
-    from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError
-    from transformers import AutoConfig
+# --- load ----------------------------------------------------------------------------------------------------
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"
 
+
+def _causes(err: BaseException):
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        yield err
+        err = err.__cause__ or err.__context__
+
+
+def _read_config(repo_or_path: str, kwargs: dict) -> tuple[dict, bool]:
+    """(config.json as a dict, is_local_dir), with clear errors for a missing repo/revision/file."""
+    from huggingface_hub import constants, hf_hub_download
+    from huggingface_hub.errors import (
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    path = Path(repo_or_path).expanduser()
+    if path.is_dir():
+        cfg = path / "config.json"
+        if not cfg.is_file():
+            raise DrafterFileMissingError(f"{repo_or_path!r} is a directory without config.json: not a saved drafter "
+                                          "(save one with `drafter.save_pretrained(dir)`).")
+        return json.loads(cfg.read_text()), True
+    if path.exists():
+        raise DrafterLoadError(f"{repo_or_path!r} is a file: pass the directory that holds config.json and the weights.")
+    revision = kwargs.get("revision")
+    where = f"{repo_or_path!r}" + (f" at revision {revision!r}" if revision else "")
     try:
-        config = AutoConfig.from_pretrained(repo_or_path, **{k: v for k, v in kwargs.items() if k in ("revision", "token")})
-    except (RepositoryNotFoundError, EntryNotFoundError, OSError) as err:
-        raise OSError(f"Could not load a drafter from {repo_or_path!r}: check the repo id / path and your access "
-                      f"token ({type(err).__name__}: {str(err).splitlines()[0]})") from err
-    if getattr(config, "model_type", None) != MODEL_TYPE:
-        raise VocabularyMapError(
-            f"{repo_or_path!r} holds a {getattr(config, 'model_type', '?')!r} model, not an hf_vocabspec trimmed "
-            "drafter (no vocabulary map). Trim it first: hf_vocabspec.trim_drafter(model, keep_token_ids)."
+        cfg_file = hf_hub_download(
+            str(repo_or_path), "config.json", revision=revision, token=kwargs.get("token"),
+            cache_dir=kwargs.get("cache_dir"), local_files_only=bool(kwargs.get("local_files_only", False)),
         )
-    drafter = TrimmedDrafter.from_pretrained(repo_or_path, **kwargs)
-    if target is not None and target.config.get_text_config().vocab_size != drafter.config.vocab_size:
-        raise VocabularyMapError(
-            f"This drafter was trimmed for a {drafter.config.vocab_size:,}-token vocabulary "
-            f"({drafter.config.target_model or 'unknown target'}), but the target has "
-            f"{target.config.get_text_config().vocab_size:,}: use a drafter trimmed for this target."
+    except HFValidationError as err:
+        raise DrafterNotFoundError(f"{repo_or_path!r} is neither a local directory nor a valid Hub repo id "
+                                   f"('owner/name'). ({_first_line(err)})") from err
+    except RepositoryNotFoundError as err:
+        raise DrafterNotFoundError(
+            f"Could not load a drafter from {repo_or_path!r}: no such repo on {constants.ENDPOINT} and no local "
+            "directory of that name (or it is private/gated and your token cannot read it). Check the repo id "
+            f"and log in with `hf auth login` or pass token=... ({_first_line(err)})") from err
+    except RevisionNotFoundError as err:
+        raise DrafterNotFoundError(f"Could not load a drafter from {where}: the repo has no such revision "
+                                   f"(branch, tag or commit). ({_first_line(err)})") from err
+    except LocalEntryNotFoundError as err:
+        raise DrafterLoadError(f"Could not load a drafter from {where}: not in the local cache and the Hub is "
+                               f"unreachable or offline mode is on. ({_first_line(err)})") from err
+    except EntryNotFoundError as err:
+        raise DrafterFileMissingError(f"Could not load a drafter from {where}: the repo exists but has no "
+                                      f"config.json, so it holds no transformers model. ({_first_line(err)})") from err
+    return json.loads(Path(cfg_file).read_text()), False
+
+
+def _target_vocab_size(target) -> int:
+    sizes = [int(target.config.get_text_config().vocab_size or 0)]
+    head = target.get_output_embeddings() if hasattr(target, "get_output_embeddings") else None
+    if head is not None and getattr(head, "weight", None) is not None:
+        sizes.append(int(head.weight.shape[0]))
+    return max(sizes)
+
+
+def check_drafter_compatibility(drafter: TrimmedDrafter, *, target=None, tokenizer=None) -> None:
+    """Raise :class:`DrafterMismatchError` when ``drafter`` does not belong to ``target`` / ``tokenizer``."""
+    cfg = drafter.config
+    trimmed_for = cfg.target_model or "an unrecorded target"
+    if target is not None:
+        target_vocab = _target_vocab_size(target)
+        if target_vocab != cfg.vocab_size:
+            raise DrafterMismatchError(
+                f"This drafter was trimmed for a {cfg.vocab_size:,}-token vocabulary ({trimmed_for}), but the target "
+                f"{getattr(target.config, '_name_or_path', '') or type(target).__name__} has {target_vocab:,} "
+                "tokens: draft ids would map to the wrong tokens. Use a drafter trimmed for this target."
+            )
+        name = getattr(target.config, "_name_or_path", None)
+        if cfg.target_model and name and cfg.target_model != name:
+            logger.info("drafter was trimmed for %s, target is %s (same vocabulary size)", cfg.target_model, name)
+    if tokenizer is not None:
+        recorded = cfg.target_tokenizer_sha256
+        if recorded and tokenizer_sha256(tokenizer) != recorded:
+            raise DrafterMismatchError(
+                f"The tokenizer's token->id table differs from the one this drafter was trimmed with ({trimmed_for}; "
+                f"sha256 {recorded[:12]}...): draft ids would map to the wrong tokens. Use the target's tokenizer, or "
+                "a drafter trimmed with it."
+            )
+
+
+def load_drafter(repo_or_path: str | os.PathLike, *, target=None, tokenizer=None, **kwargs) -> TrimmedDrafter:
+    """Load a :class:`TrimmedDrafter` from a Hub repo id or a local directory, with clear errors.
+
+    Refuses: a missing repo/revision/directory (:class:`DrafterNotFoundError`), a repo holding another kind
+    of model (:class:`NotATrimmedDrafterError`), a missing file (:class:`DrafterFileMissingError`, also an
+    ``EntryNotFoundError``), a drafter for another target vocabulary or tokenizer
+    (:class:`DrafterMismatchError`). ``kwargs`` go to ``TrimmedDrafter.from_pretrained`` (revision, token,
+    dtype, cache_dir, ...).
+    """
+    repo_or_path = str(repo_or_path)
+    config, _ = _read_config(repo_or_path, kwargs)
+    model_type = config.get("model_type")
+    if model_type != MODEL_TYPE or "draft_vocab_size" not in config:
+        arch = ", ".join(config.get("architectures") or []) or "unknown architecture"
+        raise NotATrimmedDrafterError(
+            f"{repo_or_path!r} holds a {model_type!r} model ({arch}), not an hf_vocabspec trimmed drafter: it has no "
+            "draft->target vocabulary map. Trim it first: `hf_vocabspec.trim_drafter(model, keep_token_ids, "
+            "tokenizer=tok)`, then `push_drafter_to_hub(...)`."
         )
-    recorded = drafter.config.target_tokenizer_sha256
-    if tokenizer is not None and recorded and tokenizer_sha256(tokenizer) != recorded:
-        raise VocabularyMapError(
-            "The tokenizer's token->id table differs from the one this drafter was trimmed with "
-            f"({drafter.config.target_model or 'unknown target'}): draft ids would map to the wrong tokens."
-        )
+    try:
+        drafter = TrimmedDrafter.from_pretrained(repo_or_path, **kwargs)
+    except VocabularyMapError:
+        raise
+    except OSError as err:
+        missing = any(isinstance(e, EntryNotFoundError) for e in _causes(err)) or "does not appear to have" in str(err)
+        if missing:
+            raise DrafterFileMissingError(
+                f"{repo_or_path!r} has a trimmed-drafter config.json but no weights ({' / '.join(WEIGHT_FILES[:1])} "
+                f"missing): the upload is incomplete. Push it again with push_drafter_to_hub. ({_first_line(err)})"
+            ) from err
+        raise DrafterLoadError(f"Could not load the drafter from {repo_or_path!r}: {_first_line(err)}") from err
+    check_drafter_compatibility(drafter, target=target, tokenizer=tokenizer)
     return drafter

@@ -1,152 +1,229 @@
 """Hub round trip with the REAL huggingface_hub / transformers clients against a local Hub-compatible server.
 
-Each client run is a fresh subprocess with HF_ENDPOINT pointing at the server (the clients read it at
-import), so "push in one process, load by repo id in another" is tested literally.
+Most tests point this process's clients at the server (``hub_client``); one runs a fresh subprocess with
+HF_ENDPOINT in its environment, so "push in one process, load by repo id in another" is tested literally.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
-from hub_server import LocalHub
-from tiny import make_pair
+from hub_server import client_env, clients_pointed_at, hub_client, local_hub  # noqa: F401 - fixtures
+from tiny import VOCAB, make_pair
 
-from hf_vocabspec import trim_drafter
+from hf_vocabspec import (
+    TrimmedDrafter,
+    VocabularyMapError,
+    tokenizer_sha256,
+    trim_drafter,
+)
+from hf_vocabspec.hub import (
+    DrafterFileMissingError,
+    DrafterMismatchError,
+    DrafterNotFoundError,
+    NotATrimmedDrafterError,
+    build_model_card,
+    load_drafter,
+    push_drafter_to_hub,
+)
 
 PROMPT = [[1, 6, 9, 14, 3]]
+REPO = "user/tiny-drafter"
+PLAIN = "user/plain-model"
+SELECTION = {"k": 47, "coverage": 0.9512, "min_coverage": 0.95, "dataset": "offline:sharegpt"}
+
+
+def tiny_tokenizer(shuffle: bool = False):
+    """A 64-token word-level fast tokenizer matching tiny.VOCAB (``shuffle`` permutes the id table)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    names = ["<pad>", "<s>", "</s>"] + [f"w{i}" for i in range(3, VOCAB)]
+    if shuffle:
+        names = names[:3] + names[3:][::-1]
+    tok = Tokenizer(models.WordLevel({n: i for i, n in enumerate(names)}, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+
+
+def greedy(target, drafter) -> list[int]:
+    return target.generate(torch.tensor(PROMPT), max_new_tokens=20, do_sample=False, assistant_model=drafter)[0].tolist()
 
 
 @pytest.fixture(scope="module")
-def hub():
-    with LocalHub() as h:
-        yield h
-
-
-@pytest.fixture(scope="module")
-def local(tmp_path_factory):
+def pushed(local_hub, tmp_path_factory):  # noqa: F811
+    """Push a trimmed drafter (with tokenizer) and a plain model to the local Hub once for the module."""
     root = tmp_path_factory.mktemp("local")
     target, base = make_pair("llama", seed=11, head_scale=8.0)
+    tok = tiny_tokenizer()
+    drafter = trim_drafter(base, range(3, 50), tokenizer=tok, target_model="org/tiny-target", selection=SELECTION)
     target.save_pretrained(root / "target")
-    base.save_pretrained(root / "plain")
-    drafter = trim_drafter(base, range(3, 50), target_model="tiny-target")
     drafter.save_pretrained(root / "drafter")
-    ref = target.generate(torch.tensor(PROMPT), max_new_tokens=20, do_sample=False, assistant_model=drafter)
-    return root, ref[0].tolist()
+    with clients_pointed_at(local_hub, root / "hf-cache"):
+        url = push_drafter_to_hub(drafter, REPO, tokenizer=tok, license="apache-2.0", commit_message="Add tiny drafter")
+        base.push_to_hub(PLAIN)  # transformers' own push_to_hub against the same server
+    return {"root": root, "target": target, "drafter": drafter, "tok": tok, "url": url, "ref": greedy(target, drafter)}
 
 
-def run_client(hub, tmp_path, code: str, import_package: bool = True) -> dict:
-    env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_HUB_DISABLE_XET": "1", "HF_TOKEN": "hf_dummy_token",
-           "HF_HUB_CACHE": str(tmp_path / "hf-cache"), "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_OFFLINE": "0"}
-    header = "import json, torch" + (", hf_vocabspec" if import_package else "") + "\nresult = {}\n"
-    script = header + textwrap.dedent(code) + "\nprint('RESULT' + json.dumps(result))"
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+def test_push_writes_weights_and_card_in_one_commit(local_hub, pushed):  # noqa: F811
+    assert pushed["url"].endswith(REPO)
+    files = local_hub.files(REPO)
+    assert {"config.json", "model.safetensors", "generation_config.json", "README.md", "tokenizer.json"} <= set(files)
+    assert local_hub.state.commit_messages(REPO) == ["initial commit", "Add tiny drafter"]
+    assert local_hub.state.lfs  # weights went through the LFS batch + PUT path
+    config = json.loads(files["config.json"])
+    assert config["model_type"] == "hf_vocabspec_trimmed_drafter" and config["draft_vocab_size"] == 47 + 3
+    assert config["target_tokenizer_sha256"] == tokenizer_sha256(pushed["tok"])
+    card = files["README.md"].decode()
+    assert card.startswith("---\n") and "library_name: transformers" in card and "license: apache-2.0" in card
+    assert "org/tiny-target" in card and "import hf_vocabspec" in card and "assistant_model=drafter" in card
+    assert "95.12%" in card  # selection metadata rendered
+
+
+def test_card_yaml_reads_back_through_the_client(hub_client, pushed):  # noqa: F811
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.load(REPO)  # hf_hub_download of README.md, YAML parsed by the client
+    assert card.data.library_name == "transformers"
+    assert {"hf_vocabspec", "speculative-decoding"} <= set(card.data.tags)
+    assert card.data.draft_vocab_size == 50 and card.data.vocab_size == VOCAB
+    assert card.data.target_model == "org/tiny-target" and card.data.pipeline_tag == "text-generation"
+
+
+def test_load_by_repo_id_generates_identically(hub_client, pushed):  # noqa: F811
+    from transformers import AutoModelForCausalLM
+
+    target, ref = pushed["target"], pushed["ref"]
+    loaders = {
+        "cls": lambda: TrimmedDrafter.from_pretrained(REPO),
+        "auto": lambda: AutoModelForCausalLM.from_pretrained(REPO),
+        "hub": lambda: load_drafter(REPO, target=target, tokenizer=pushed["tok"]),
+    }
+    for name, load in loaders.items():
+        d = load()
+        assert isinstance(d, TrimmedDrafter), name
+        assert torch.equal(d.d2t, pushed["drafter"].d2t), name
+        assert greedy(target, d) == ref, name
+
+
+def test_snapshot_and_file_download(hub_client, pushed):  # noqa: F811
+    from huggingface_hub import HfApi, file_exists, hf_hub_download, snapshot_download
+
+    snap = snapshot_download(REPO)
+    assert {"config.json", "model.safetensors", "README.md"} <= set(os.listdir(snap))
+    assert TrimmedDrafter.from_pretrained(snap).config.draft_vocab_size == 50
+    cfg_path = hf_hub_download(REPO, "config.json")
+    assert json.loads(Path(cfg_path).read_text())["draft_vocab_size"] == 50
+    info = HfApi().model_info(REPO, files_metadata=False)
+    assert "model.safetensors" in {s.rfilename for s in info.siblings}
+    assert file_exists(REPO, "README.md") and not file_exists(REPO, "nope.json")
+    # pinned to the commit sha: the same files resolve
+    assert hf_hub_download(REPO, "config.json", revision=info.sha) == cfg_path
+
+
+def test_errors_a_new_user_meets(hub_client, pushed):  # noqa: F811
+    from huggingface_hub import HfApi, hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    with pytest.raises(DrafterNotFoundError, match="no such repo"):
+        load_drafter("user/does-not-exist")
+    with pytest.raises(DrafterNotFoundError, match="no such revision"):
+        load_drafter(REPO, revision="no-such-branch")
+    with pytest.raises(NotATrimmedDrafterError, match="not an hf_vocabspec trimmed drafter") as err:
+        load_drafter(PLAIN)
+    assert "'llama'" in str(err.value) and "trim_drafter" in str(err.value)
+
+    other = LlamaForCausalLM(LlamaConfig(vocab_size=80, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    with pytest.raises(DrafterMismatchError, match="trimmed for a 64-token vocabulary") as err:
+        load_drafter(REPO, target=other)
+    assert isinstance(err.value, VocabularyMapError)
+    with pytest.raises(DrafterMismatchError, match="tokenizer's token->id table differs"):
+        load_drafter(REPO, tokenizer=tiny_tokenizer(shuffle=True))
+
+    with pytest.raises(EntryNotFoundError):  # RemoteEntryNotFoundError from the server's X-Error-Code
+        hf_hub_download(REPO, "nope.json")
+    # a trimmed-drafter config without weights: an incomplete upload
+    api = HfApi()
+    api.create_repo("user/no-weights", exist_ok=True)
+    api.upload_file(path_or_fileobj=hf_hub_download(REPO, "config.json"), path_in_repo="config.json",
+                    repo_id="user/no-weights")
+    with pytest.raises(DrafterFileMissingError, match="no weights") as err:
+        load_drafter("user/no-weights")
+    assert isinstance(err.value, EntryNotFoundError)
+    # a repo with no config.json at all
+    api.create_repo("user/empty", exist_ok=True)
+    with pytest.raises(DrafterFileMissingError, match="no config.json"):
+        load_drafter("user/empty")
+
+
+def test_push_refuses_a_foreign_tokenizer(hub_client, pushed):  # noqa: F811
+    with pytest.raises(DrafterMismatchError):
+        push_drafter_to_hub(pushed["drafter"], "user/should-not-exist", tokenizer=tiny_tokenizer(shuffle=True))
+    assert "user/should-not-exist" not in hub_client.state.repos
+
+
+def test_model_card_without_selection_and_offline_base():
+    _, base = make_pair("llama", seed=3)
+    base.config._name_or_path = "/some/local/path"
+    drafter = trim_drafter(base, [3, 4, 5])
+    card = build_model_card(drafter, "me/x")
+    assert card.data.base_model is None  # a local path is not a Hub id: kept out of the YAML
+    assert "/some/local/path" in card.content and "No selection metadata was recorded." in card.content
+    assert card.data.draft_vocab_size == drafter.config.draft_vocab_size
+
+
+def test_fresh_process_loads_by_repo_id_with_trust_remote_code(local_hub, pushed, tmp_path):  # noqa: F811
+    """A process that never imports hf_vocabspec loads the pushed repo by id (shipped drafter.py + auto_map)."""
+    if "drafter.py" not in local_hub.files(REPO):
+        pytest.skip("this checkpoint format ships no drafter.py")
+    root = pushed["root"]
+    script = textwrap.dedent(f"""
+        import json, sys, torch
+        from transformers import AutoModelForCausalLM
+        d = AutoModelForCausalLM.from_pretrained({REPO!r}, trust_remote_code=True)
+        target = AutoModelForCausalLM.from_pretrained({str(root / 'target')!r})
+        out = target.generate(torch.tensor({PROMPT}), max_new_tokens=20, do_sample=False, assistant_model=d)
+        print('RESULT' + json.dumps({{'imported': 'hf_vocabspec' in sys.modules, 'module': type(d).__module__,
+                                      'out': out[0].tolist()}}))
+    """)
+    env = {**os.environ, **client_env(local_hub, tmp_path / "hf-cache")}
+    proc = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1]
-    return json.loads(line[len("RESULT"):])
-
-
-def test_push_then_fresh_process_loads_by_repo_id(hub, local, tmp_path):
-    root, ref = local
-    run_client(hub, tmp_path, f"""
-        from hf_vocabspec import TrimmedDrafter
-        from hf_vocabspec.hub import push_drafter_to_hub
-        d = TrimmedDrafter.from_pretrained({str(root / 'drafter')!r})
-        result['url'] = push_drafter_to_hub(d, 'user/tiny-drafter', license='apache-2.0')
-        from transformers import AutoModelForCausalLM
-        AutoModelForCausalLM.from_pretrained({str(root / 'plain')!r}).push_to_hub('user/plain-model')
-    """)
-    repo = hub.state.repos["user/tiny-drafter"]["commits"][-1][1]
-    assert {"config.json", "model.safetensors", "README.md", "generation_config.json"} <= set(repo)
-    card = repo["README.md"].decode()
-    assert "hf_vocabspec" in card and "speculative-decoding" in card and "tiny-target" in card
-    assert "license: apache-2.0" in card
-    assert any(len(b) > 0 for b in hub.state.lfs.values())  # weights went through the LFS upload path
-
-    got = run_client(hub, tmp_path, f"""
-        from transformers import AutoModelForCausalLM
-        from hf_vocabspec import TrimmedDrafter
-        from hf_vocabspec.hub import load_drafter
-        target = AutoModelForCausalLM.from_pretrained({str(root / 'target')!r})
-        for name, loader in [("auto", AutoModelForCausalLM.from_pretrained), ("cls", TrimmedDrafter.from_pretrained),
-                             ("hub", lambda r: load_drafter(r, target=target))]:
-            d = loader('user/tiny-drafter')
-            assert isinstance(d, TrimmedDrafter)
-            out = target.generate(torch.tensor({PROMPT}), max_new_tokens=20, do_sample=False, assistant_model=d)
-            result[name] = out[0].tolist()
-        from huggingface_hub import hf_hub_download, snapshot_download
-        import os
-        result['snapshot'] = sorted(os.listdir(snapshot_download('user/tiny-drafter')))
-        result['config_path'] = hf_hub_download('user/tiny-drafter', 'config.json')
-    """)
-    assert got["auto"] == got["cls"] == got["hub"] == ref
-    assert "model.safetensors" in got["snapshot"] and got["config_path"].endswith("config.json")
-
-
-def test_trust_remote_code_loads_without_the_package(hub, local, tmp_path):
-    """The repo ships auto_map + drafter.py: users without hf_vocabspec load it with trust_remote_code."""
-    root, ref = local
-    if "user/tiny-drafter" not in hub.state.repos:
-        pytest.skip("needs the pushed repo from the round-trip test")
-    assert "drafter.py" in hub.state.repos["user/tiny-drafter"]["commits"][-1][1]
-    got = run_client(hub, tmp_path, f"""
-        import sys
-        from transformers import AutoModelForCausalLM
-        d = AutoModelForCausalLM.from_pretrained('user/tiny-drafter', trust_remote_code=True)
-        target = AutoModelForCausalLM.from_pretrained({str(root / 'target')!r})
-        result['imported'] = 'hf_vocabspec' in sys.modules
-        result['module'] = type(d).__module__
-        result['out'] = target.generate(torch.tensor({PROMPT}), max_new_tokens=20, do_sample=False,
-                                        assistant_model=d)[0].tolist()
-    """, import_package=False)
+    got = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1][len("RESULT"):])
     assert not got["imported"] and got["module"].startswith("transformers_modules")
-    assert got["out"] == ref
+    assert got["out"] == pushed["ref"]
 
 
-def test_errors_a_new_user_meets(hub, local, tmp_path):
-    root, _ = local
-    if "user/tiny-drafter" not in hub.state.repos:
-        pytest.skip("needs the pushed repo from the round-trip test")
-    got = run_client(hub, tmp_path, f"""
-        from transformers import LlamaConfig, LlamaForCausalLM
-        from hf_vocabspec.hub import load_drafter
-        from huggingface_hub import hf_hub_download
-        from huggingface_hub.errors import EntryNotFoundError
-        def err(fn):
-            try:
-                fn()
-            except Exception as e:
-                return type(e).__name__ + ': ' + str(e)
-            return 'no error'
-        result['wrong_repo'] = err(lambda: load_drafter('user/does-not-exist'))
-        result['plain_repo'] = err(lambda: load_drafter('user/plain-model'))
-        other = LlamaForCausalLM(LlamaConfig(vocab_size=80, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                             num_attention_heads=2, num_key_value_heads=1))
-        result['mismatch'] = err(lambda: load_drafter('user/tiny-drafter', target=other))
-        result['missing_file'] = err(lambda: hf_hub_download('user/tiny-drafter', 'nope.json'))
-    """)
-    assert "Could not load a drafter from 'user/does-not-exist'" in got["wrong_repo"]
-    assert "not an hf_vocabspec trimmed drafter" in got["plain_repo"]
-    assert "trimmed for a 64-token vocabulary" in got["mismatch"]
-    assert got["missing_file"].startswith(("EntryNotFoundError", "RemoteEntryNotFoundError"))
-
-
-@pytest.mark.skipif(not os.environ.get("HF_VOCABSPEC_REAL_HUB_TOKEN"), reason="opt-in: set HF_VOCABSPEC_REAL_HUB_TOKEN")
-def test_real_hub_round_trip(local):  # pragma: no cover - needs network and a token
-    from huggingface_hub import HfApi, whoami
-
-    from hf_vocabspec import TrimmedDrafter
-    from hf_vocabspec.hub import load_drafter, push_drafter_to_hub
-
-    token = os.environ["HF_VOCABSPEC_REAL_HUB_TOKEN"]
-    repo = f"{whoami(token)['name']}/hf-vocabspec-test-drafter"
-    push_drafter_to_hub(TrimmedDrafter.from_pretrained(local[0] / "drafter"), repo, token=token, private=True)
+def _hub_reachable() -> bool:
     try:
-        assert isinstance(load_drafter(repo, token=token), TrimmedDrafter)
+        socket.create_connection(("huggingface.co", 443), timeout=3).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not os.environ.get("HF_TOKEN") or not _hub_reachable(),
+                    reason="opt-in: needs HF_TOKEN and network access to huggingface.co")
+def test_real_hub_round_trip(pushed):  # pragma: no cover - needs network and a token
+    from huggingface_hub import HfApi
+
+    token = os.environ["HF_TOKEN"]
+    api = HfApi(token=token)
+    repo = f"{api.whoami()['name']}/hf-vocabspec-test-drafter-{os.getpid()}"
+    push_drafter_to_hub(pushed["drafter"], repo, tokenizer=pushed["tok"], token=token, private=True)
+    try:
+        loaded = load_drafter(repo, token=token, target=pushed["target"], tokenizer=pushed["tok"])
+        assert greedy(pushed["target"], loaded) == pushed["ref"]
     finally:
-        HfApi(token=token).delete_repo(repo)
+        api.delete_repo(repo)
+
