@@ -1,156 +1,254 @@
 """Token coverage of ASSISTANT turns: which tokens a model is trained to emit / will generate.
 
-The chat template is probed ONCE per tokenizer with a sentinel conversation to learn what it puts after
-an assistant's content (the end-of-turn marker the model must emit) and whether it trims the content;
-then every assistant turn is ``content + marker``, tokenized in batches with the fast tokenizer. Rendering
-the template per message would be an order of magnitude slower.
+The chat template is probed ONCE per tokenizer with a sentinel conversation to learn what it puts around
+an assistant's content (the end-of-turn marker the model must emit, any text it adds after the generation
+prompt) and whether it trims the content; then every assistant turn is ``head + content + marker``,
+tokenized in batches with the fast tokenizer. Rendering the template per message would be an order of
+magnitude slower, and on real ShareGPT the result equals the template's in-context assistant tokens.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
+from jinja2 import TemplateError
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-_ASSISTANT_ROLES = {"assistant", "gpt", "chatgpt", "bing", "bard", "model"}
+_ASSISTANT_ROLES = frozenset({"assistant", "gpt", "chatgpt", "bing", "bard", "model"})
 _SENTINEL = "XQZSENTINELQZX"
+_PAD = " \n"  # whitespace around the probe's content: survives only in templates that do not trim
+_KNOWN_END_MARKERS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "</s>")
 _FORMAT = "hf_vocabspec.TokenCounts/1"
+_FORMATS_HELP = ("a 'messages' column (list of {'role', 'content'}, role 'assistant' for responses) or a ShareGPT "
+                 "'conversations' column (list of {'from', 'value'}, from 'gpt' for responses)")
+_warned: set[str] = set()
 
 
 @dataclass(frozen=True)
 class AssistantTurnFormat:
-    """How a chat template renders an assistant turn's trainable part."""
+    """How a chat template renders an assistant turn's trainable part: ``head + content + suffix``."""
 
     suffix: str  # text after the content, up to and including the end-of-turn marker
-    trims: bool  # whether the template strips surrounding whitespace of the content
+    trims: bool  # the template strips the content's surrounding whitespace (both sides)
+    lstrip: bool = False  # one-sided stripping (rare templates); ``trims`` implies both
+    rstrip: bool = False
+    head: str = ""  # text between the generation prompt and the content (the model generates it too)
+
+    def render(self, content: str) -> str:
+        if self.trims or (self.lstrip and self.rstrip):
+            content = content.strip()
+        elif self.lstrip:
+            content = content.lstrip()
+        elif self.rstrip:
+            content = content.rstrip()
+        return self.head + content + self.suffix
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, stacklevel=3)
+
+
+def _fallback(tokenizer, why: str) -> AssistantTurnFormat:
+    eos = getattr(tokenizer, "eos_token", None) or ""
+    _warn_once(f"{getattr(tokenizer, 'name_or_path', '')}:{why}",
+               f"Tokenizer {why}: counting assistant turns as content + eos_token ({eos!r}).")
+    return AssistantTurnFormat(suffix=eos, trims=False)
+
+
+def _special_token_strings(tokenizer) -> set[str]:
+    names = set(getattr(tokenizer, "all_special_tokens", []) or [])
+    for tok in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        if getattr(tok, "special", False):
+            names.add(str(tok))
+    names.update(_KNOWN_END_MARKERS)
+    if getattr(tokenizer, "eos_token", None):
+        names.add(tokenizer.eos_token)
+    return {n for n in names if n}
 
 
 def assistant_turn_format(tokenizer) -> AssistantTurnFormat:
-    """Probe the chat template with a sentinel; fall back to ``content + eos`` without a template."""
+    """Probe the chat template with a sentinel; fall back to ``content + eos`` without a usable template."""
     if not getattr(tokenizer, "chat_template", None):
-        warnings.warn("Tokenizer has no chat template: counting assistant turns as content + eos_token.", stacklevel=2)
-        return AssistantTurnFormat(suffix=tokenizer.eos_token or "", trims=False)
-    convo = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": f"  {_SENTINEL}  "}]
-    text = tokenizer.apply_chat_template(convo, tokenize=False)
+        return _fallback(tokenizer, "has no chat template")
+    user = [{"role": "user", "content": "Hi"}]
+    try:
+        prompt = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            user + [{"role": "assistant", "content": _PAD + _SENTINEL + _PAD}], tokenize=False)
+    except (TemplateError, ValueError, TypeError, KeyError, IndexError) as err:  # e.g. requires a system turn
+        return _fallback(tokenizer, f"chat template failed on a user/assistant probe ({err})")
+    if not isinstance(text, str) or _SENTINEL not in text:
+        return _fallback(tokenizer, "chat template does not render assistant content")
     at = text.rindex(_SENTINEL)
-    trims = text[at - 2 : at] != "  "
-    after = text[at + len(_SENTINEL) :]
-    if not trims:
-        after = after[2:]
-    # keep up to and including the end-of-turn marker; the newline after it is not generated
-    markers = [m for m in (getattr(tokenizer, "eos_token", None), "<end_of_turn>", "<|im_end|>", "<|eot_id|>") if m]
-    ends = [after.index(m) + len(m) for m in markers if m in after]
-    suffix = after[: min(ends)] if ends else after.rstrip()
-    return AssistantTurnFormat(suffix=suffix, trims=trims)
+    before, after = text[:at], text[at + len(_SENTINEL):]
+    lstrip, rstrip = not before.endswith(_PAD), not after.startswith(_PAD)
+    if not lstrip:
+        before = before[: -len(_PAD)]
+    if not rstrip:
+        after = after[len(_PAD):]
+    head = before[len(prompt):] if isinstance(prompt, str) and before.startswith(prompt) else ""
+    # keep up to and including the first special token (the end-of-turn marker); what follows it (a newline,
+    # the next turn's header) is not something the model generates
+    best = None
+    for marker in _special_token_strings(tokenizer):
+        i = after.find(marker)
+        if i >= 0 and (best is None or (i, -len(marker)) < (best[0], -best[1])):
+            best = (i, len(marker))
+    suffix = after[: best[0] + best[1]] if best else after.rstrip()
+    if not suffix:
+        _warn_once(f"{getattr(tokenizer, 'name_or_path', '')}:nosuffix",
+                   "Chat template puts no end-of-turn marker after assistant content; counting content only.")
+    both = lstrip and rstrip
+    return AssistantTurnFormat(suffix=suffix, trims=both, lstrip=lstrip and not both, rstrip=rstrip and not both,
+                               head=head)
 
 
-def _turns(example: dict) -> tuple[list[str], int]:
+def _text(content) -> str:
+    """Content as text; multimodal-style lists of parts contribute their text parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text") or "" for p in content if isinstance(p, dict) and p.get("type", "text") == "text")
+    return str(content)
+
+
+def _turns(example: dict, roles_seen: set | None = None) -> tuple[list[str], int]:
     """Assistant contents of one example (messages or ShareGPT conversations) and its turn count."""
-    if "messages" in example and example["messages"] is not None:
-        turns = example["messages"]
-        role_key, content_key = "role", "content"
-    elif "conversations" in example and example["conversations"] is not None:
-        turns = example["conversations"]
-        role_key, content_key = "from", "value"
+    if example.get("messages") is not None:
+        turns, role_key, content_key = example["messages"], "role", "content"
+    elif example.get("conversations") is not None:
+        turns, role_key, content_key = example["conversations"], "from", "value"
     else:
-        raise ValueError(
-            "Unknown dataset format: expected a 'messages' column (list of {'role', 'content'}) or a ShareGPT "
-            f"'conversations' column (list of {{'from', 'value'}}); found columns {sorted(example)}."
-        )
-    return [t.get(content_key) or "" for t in turns if t.get(role_key) in _ASSISTANT_ROLES], len(turns)
+        raise ValueError(f"Unknown dataset format: expected {_FORMATS_HELP}; found columns {sorted(example)}.")
+    if roles_seen is not None and len(roles_seen) < 50:
+        roles_seen.update(str(t.get(role_key)) for t in turns)
+    return [_text(t.get(content_key)) for t in turns if t.get(role_key) in _ASSISTANT_ROLES], len(turns)
+
+
+def _examples(dataset: Iterable[dict], max_examples: int | None) -> Iterable[dict]:
+    return dataset if max_examples is None else itertools.islice(dataset, max(0, max_examples))
 
 
 def assistant_texts(dataset: Iterable[dict], tokenizer, *, max_examples: int | None = None) -> Iterator[str]:
     """Each assistant turn's trainable text as the chat template renders it (content + end marker)."""
     fmt = assistant_turn_format(tokenizer)
-    for i, example in enumerate(dataset):
-        if max_examples is not None and i >= max_examples:
-            return
-        contents, _ = _turns(example)
-        for c in contents:
-            yield (c.strip() if fmt.trims else c) + fmt.suffix
+    for example in _examples(dataset, max_examples):
+        for content in _turns(example)[0]:
+            yield fmt.render(content)
 
 
 @dataclass
 class TokenCounts:
     """Token frequencies over assistant turns, plus the coverage math selection needs."""
 
-    counts: torch.Tensor
+    counts: torch.Tensor  # int64, (vocab_size,)
     num_examples: int = 0
     num_assistant_turns: int = 0
     tokenizer_name: str = ""
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
+    def __post_init__(self):
+        self.counts = torch.as_tensor(self.counts).to(torch.int64).flatten()
+
     @property
     def num_tokens(self) -> int:
-        return int(self.counts.sum())
+        if "total" not in self._cache:
+            self._cache["total"] = int(self.counts.sum())
+        return self._cache["total"]
 
     @property
     def vocab_size(self) -> int:
         return int(self.counts.numel())
 
     def ranked_token_ids(self) -> torch.Tensor:
-        """Ids by descending count; ties broken by ascending id (stable)."""
+        """Ids by descending count; ties broken by ascending id (stable), so rankings are reproducible."""
         if "ranked" not in self._cache:
             self._cache["ranked"] = torch.sort(self.counts, descending=True, stable=True).indices
         return self._cache["ranked"]
 
     def coverage_curve(self) -> torch.Tensor:
-        """curve[k-1] = share of assistant-token occurrences covered by the top-k tokens."""
+        """curve[k-1] = share of assistant-token occurrences covered by the top-k tokens (float64)."""
         if "curve" not in self._cache:
-            total = max(self.num_tokens, 1)
-            self._cache["curve"] = torch.cumsum(self.counts[self.ranked_token_ids()].double(), 0) / total
+            cum = torch.cumsum(self.counts[self.ranked_token_ids()], 0)  # exact integers, then one division
+            self._cache["curve"] = cum.double() / max(self.num_tokens, 1)
         return self._cache["curve"]
 
     def coverage(self, k: int) -> float:
+        """Share covered by the top-k (0 for k <= 0, 1 for k >= vocab_size when anything was counted)."""
+        k = int(k)
         if k <= 0:
             return 0.0
         return float(self.coverage_curve()[min(k, self.vocab_size) - 1])
 
     def coverage_of(self, token_ids) -> float:
-        ids = torch.as_tensor(token_ids, dtype=torch.long).unique()
-        ids = ids[(ids >= 0) & (ids < self.vocab_size)]
+        """Share of occurrences covered by an arbitrary id set (duplicates count once; ids >= V have none)."""
+        ids = torch.as_tensor(token_ids, dtype=torch.long).flatten().unique()
+        if ids.numel() and int(ids[0]) < 0:
+            raise ValueError(f"coverage_of got a negative token id ({int(ids[0])}).")
+        ids = ids[ids < self.vocab_size]
         return float(self.counts[ids].sum()) / max(self.num_tokens, 1)
 
     def top_k(self, k: int) -> torch.Tensor:
-        return self.ranked_token_ids()[:k].clone()
+        """The k most frequent ids, most frequent first."""
+        return self.ranked_token_ids()[: max(0, int(k))].clone()
 
     def smallest_k_for_coverage(self, c: float) -> int:
+        """Smallest k with ``coverage(k) >= c`` (exactly the same float comparison as ``coverage``)."""
         if not 0 < c <= 1:
             raise ValueError(f"coverage must be in (0, 1]; got {c}.")
         if self.num_tokens == 0:
             raise ValueError("No tokens were counted: count a dataset with assistant turns first.")
-        curve = self.coverage_curve()
-        k = int(torch.searchsorted(curve, torch.tensor(c - 1e-12, dtype=torch.float64))) + 1
-        return min(k, self.vocab_size)
+        curve = self.coverage_curve()  # curve[-1] == 1.0 exactly, so a k always exists
+        return int(torch.searchsorted(curve, torch.tensor([float(c)], dtype=torch.float64))[0]) + 1
 
     def save(self, path) -> None:
-        """Safetensors (never pickle); scalar fields in the metadata; atomic write."""
+        """Safetensors (never pickle); scalar fields in the metadata; atomic write (tmp + os.replace)."""
         path = os.fspath(path)
         tmp = f"{path}.tmp-{os.getpid()}"
-        save_file({"counts": self.counts.to(torch.int64).contiguous()}, tmp, metadata={
-            "format": _FORMAT, "num_examples": str(self.num_examples),
-            "num_assistant_turns": str(self.num_assistant_turns), "tokenizer_name": self.tokenizer_name,
-        })
-        os.replace(tmp, path)
+        try:
+            save_file({"counts": self.counts.to(torch.int64).contiguous()}, tmp, metadata={
+                "format": _FORMAT, "num_examples": str(self.num_examples),
+                "num_assistant_turns": str(self.num_assistant_turns), "tokenizer_name": self.tokenizer_name,
+            })
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
 
     @classmethod
     def load(cls, path) -> TokenCounts:
-        with safe_open(os.fspath(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            if meta.get("format") != _FORMAT or "counts" not in f.keys():
-                raise ValueError(
-                    f"{path} is not an hf_vocabspec counts file (made by `hf-vocabspec count` / TokenCounts.save)."
-                )
-            counts = f.get_tensor("counts")
+        """Load a file written by :meth:`save`; anything else is refused with a clear message."""
+        not_ours = (f"{os.fspath(path)} is not an hf_vocabspec counts file (made by `hf-vocabspec count` / "
+                    "TokenCounts.save)")
+        try:
+            with safe_open(os.fspath(path), framework="pt") as f:
+                meta, names = f.metadata() or {}, list(f.keys())
+                if meta.get("format") != _FORMAT or "counts" not in names:
+                    raise ValueError(f"{not_ours}: format tag {meta.get('format')!r}, tensors {sorted(names)}.")
+                counts = f.get_tensor("counts")
+        except (ValueError, FileNotFoundError):
+            raise
+        except Exception as err:  # not safetensors at all (SafetensorError, truncated file, ...)
+            raise ValueError(f"{not_ours}: {err}") from err
+        if counts.dtype != torch.int64 or counts.ndim != 1:
+            raise ValueError(f"{not_ours}: counts must be a 1-D int64 tensor, got {counts.dtype} {tuple(counts.shape)}.")
         return cls(counts, int(meta["num_examples"]), int(meta["num_assistant_turns"]), meta["tokenizer_name"])
 
     def __add__(self, other: TokenCounts) -> TokenCounts:
+        """Merge counts of shards of one dataset (counting is additive)."""
+        if not isinstance(other, TokenCounts):
+            return NotImplemented
         if self.tokenizer_name != other.tokenizer_name or self.vocab_size != other.vocab_size:
             raise ValueError(
                 f"Cannot merge counts of different tokenizers ({self.tokenizer_name!r}, {self.vocab_size}) and "
@@ -158,6 +256,10 @@ class TokenCounts:
             )
         return TokenCounts(self.counts + other.counts, self.num_examples + other.num_examples,
                            self.num_assistant_turns + other.num_assistant_turns, self.tokenizer_name)
+
+    def __radd__(self, other):
+        """Lets ``sum(parts)`` work (it starts from 0)."""
+        return self if isinstance(other, int) and other == 0 else NotImplemented
 
 
 def count_assistant_tokens(
@@ -169,48 +271,52 @@ def count_assistant_tokens(
     progress: bool = True,
     vocab_size: int | None = None,
 ) -> TokenCounts:
-    """Count target-tokenizer token frequencies over assistant turns of a chat dataset."""
+    """Count target-tokenizer token frequencies over assistant turns of a chat dataset.
+
+    ``vocab_size`` may exceed ``len(tokenizer)`` (e.g. a model's padded embedding) so counts line up with it.
+    """
     from tqdm.auto import tqdm
 
     fmt = assistant_turn_format(tokenizer)
     size = max(vocab_size or 0, len(tokenizer))
-    counts = torch.zeros(size, dtype=torch.int64)
+    counts = np.zeros(size, dtype=np.int64)
     n_examples = n_turns = 0
-    seen_columns: set[str] = set()
+    columns: set[str] = set()
+    roles: set[str] = set()
     batch: list[str] = []
 
     def flush():
         if batch:
             ids = tokenizer(batch, add_special_tokens=False)["input_ids"]
-            flat = torch.tensor([t for seq in ids for t in seq], dtype=torch.int64)
-            counts.add_(torch.bincount(flat, minlength=size)[:size])
+            flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64)
+            binned = np.bincount(flat, minlength=size)
+            if binned.size > size:
+                raise ValueError(f"Token id {int(flat.max())} >= vocab size {size}: pass a larger vocab_size.")
+            counts[:] += binned
             batch.clear()
 
-    total = None
     try:
         total = len(dataset) if max_examples is None else min(len(dataset), max_examples)
     except TypeError:
         total = max_examples
-    bar = tqdm(total=total, desc="counting assistant tokens", unit="conv", disable=not progress)
-    for i, example in enumerate(dataset):
-        if max_examples is not None and i >= max_examples:
-            break
-        seen_columns.update(example)
-        contents, _ = _turns(example)
-        n_examples += 1
-        n_turns += len(contents)
-        batch.extend((c.strip() if fmt.trims else c) + fmt.suffix for c in contents)
-        if len(batch) >= batch_size:
-            flush()
-        bar.update(1)
-    flush()
-    bar.close()
+    with tqdm(total=total, desc="counting assistant tokens", unit="conv", disable=not progress) as bar:
+        for example in _examples(dataset, max_examples):
+            if not n_examples:
+                columns.update(example)
+            contents, _ = _turns(example, roles)
+            n_examples += 1
+            n_turns += len(contents)
+            batch.extend(fmt.render(c) for c in contents)
+            if len(batch) >= batch_size:
+                flush()
+            bar.update(1)
+        flush()
     if n_turns == 0:
         raise ValueError(
-            f"No assistant turns found in {n_examples} example(s) (columns: {sorted(seen_columns)}). Expected "
-            "'messages' with role 'assistant' or ShareGPT 'conversations' with from 'gpt'."
+            f"No assistant turns found in {n_examples} example(s): expected {_FORMATS_HELP} (also accepted as "
+            f"responses: {sorted(_ASSISTANT_ROLES)}); found columns {sorted(columns)} and roles {sorted(roles)}."
         )
-    return TokenCounts(counts, n_examples, n_turns, str(getattr(tokenizer, "name_or_path", "")))
+    return TokenCounts(torch.from_numpy(counts), n_examples, n_turns, str(getattr(tokenizer, "name_or_path", "")))
 
 
 def count_assistant_tokens_distributed(
