@@ -57,6 +57,7 @@ class TrimmedDrafterConfig(PreTrainedConfig):
     target_tokenizer_sha256: str | None = None
     base_drafter: str | None = None
     selection: dict | None = None
+    rdk: dict | None = None  # RDK kernel metadata (num_targets, method, fit info); None = no kernel
     tie_word_embeddings: bool = False
 
     def body_config(self) -> PreTrainedConfig:
@@ -123,7 +124,53 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
         self._head_transform = _head_transform(body_config)
         self._t2d: torch.Tensor | None = None
         self.last_speculation_stats = None
+        if config.rdk:
+            self._register_rdk_buffers(int(config.rdk["num_targets"]))
+        # Runtime switch for RDK sampling (only read when a kernel is attached and do_sample=True).
+        self.use_rdk = bool((config.rdk or {}).get("enabled", True))
         self.post_init()
+
+    # --- RDK kernel (out-of-vocabulary sampling, see rdk.py) --------------------------------------------
+    def _register_rdk_buffers(self, num_targets: int) -> None:
+        k = self.config.draft_vocab_size
+        # NaN marks "not loaded": a checkpoint that announces a kernel but lacks it fails loudly.
+        self.register_buffer("rdk_targets", torch.zeros((k, num_targets), dtype=torch.long), persistent=True)
+        self.register_buffer("rdk_weights", torch.full((k, num_targets + 1), float("nan")), persistent=True)
+
+    def set_rdk_kernel(self, kernel, enabled: bool = True) -> None:
+        """Attach an :class:`~hf_vocabspec.rdk.RDKKernel` (saved with the checkpoint), or None to drop it."""
+        if kernel is None:
+            for name in ("rdk_targets", "rdk_weights"):
+                self._buffers.pop(name, None)
+            self.config.rdk = None
+            self.use_rdk = False
+            return
+        kernel = kernel.normalized().validate()
+        if not torch.equal(kernel.d2t.cpu(), self.d2t.cpu()) or kernel.vocab_size != self.config.vocab_size:
+            raise VocabularyMapError(
+                "This RDK kernel was built for another kept vocabulary (its d2t differs from the drafter's). "
+                "Fit it for this drafter: hf_vocabspec.rdk.fit_rdk_kernel(target, drafter.d2t, ...)."
+            )
+        self._register_rdk_buffers(kernel.num_targets)
+        self.rdk_targets = kernel.targets.to(self.d2t.device)
+        self.rdk_weights = kernel.weights.to(self.d2t.device)
+        self.config.rdk = {"num_targets": kernel.num_targets, "method": kernel.method, "enabled": enabled,
+                           "moved_mass": round(kernel.moved_mass, 6), **_jsonable(kernel.info)}
+        self.use_rdk = enabled
+
+    def rdk_kernel(self):
+        """The attached kernel as float32, rows renormalised (None without one)."""
+        if not self.config.rdk or getattr(self, "rdk_weights", None) is None:
+            return None
+        from .rdk import RDKKernel
+
+        if not bool(torch.isfinite(self.rdk_weights).all()):
+            raise VocabularyMapError(
+                "config.json announces an RDK kernel but the weights lack it (`rdk_weights` missing or corrupt). "
+                "Re-attach it with drafter.set_rdk_kernel(kernel) and save again, or drop it with set_rdk_kernel(None)."
+            )
+        return RDKKernel(self.d2t, self.rdk_targets, self.rdk_weights.float(), self.config.vocab_size,
+                         self.config.rdk.get("method", "custom"), dict(self.config.rdk)).normalized()
 
     # --- vocabulary map -------------------------------------------------------------------------------
     @property
@@ -230,8 +277,21 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
                 "guess one, since mapping draft ids to the first N target ids collapses acceptance. Re-create it "
                 "with `hf_vocabspec.trim_drafter(base_model, keep_token_ids)` and save it again."
             )
+        missing_rdk = [k for k in info.get("missing_keys", ()) if k.split(".")[-1] in ("rdk_targets", "rdk_weights")]
+        if missing_rdk:
+            raise VocabularyMapError(
+                f"config.json announces an RDK kernel but the weights lack {missing_rdk} (`rdk_weights`/`rdk_targets`). "
+                "Re-attach it with drafter.set_rdk_kernel(kernel) and save again, or drop it with set_rdk_kernel(None)."
+            )
         model.validate_vocab_map()
+        if model.config.rdk:
+            model.rdk_kernel().validate()  # a kernel announced in config must be present and sound
         return (model, info) if want_info else model
+
+
+def _jsonable(info: dict) -> dict:
+    """Keep what config.json can hold (numbers, strings, lists, dicts)."""
+    return json.loads(json.dumps(info, default=str))
 
 
 def _as_id_list(keep_token_ids: Iterable[int] | torch.Tensor) -> list[int]:

@@ -14,6 +14,9 @@ Design (why it looks like this):
   was drawn from (float32, scattered with -inf on pruned ids), and HF's verifier accepts/resamples
   against the target's p. The target's processors (temperature, top-k/p, repetition penalty) are applied
   ONCE to the draft (no double temperature as in HF's assistant.generate path).
+- RDK (rdk.py): with a kernel attached, ``drafter.use_rdk`` and do_sample=True, each draw i ~ q' is moved
+  to j ~ M[i] (possibly a pruned token) and the returned q is the exact q_RDK = Mᵀq', built from the same
+  float32 kernel both steps use. Under greedy the kernel is not used (see docs/rdk.md).
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ class SpeculationStats:
     proposed: int = 0
     accepted: int = 0
     draft_steps: int = 0
+    pruned_proposed: int = 0  # RDK draws that landed on a pruned token
     per_round_accepted: list[int] = field(default_factory=list)
     per_round_proposed: list[int] = field(default_factory=list)
 
@@ -204,6 +208,10 @@ class TrimmedCandidateGenerator(AssistedCandidateGenerator):
         self.eos = eos.to(drafter.device) if eos is not None else None
         self.cache = None
         self.fed = torch.empty(0, dtype=torch.long, device=drafter.device)
+        self.rdk = None
+        if self.do_sample and getattr(drafter, "use_rdk", False):
+            kernel = drafter.rdk_kernel()
+            self.rdk = kernel.to(drafter.device) if kernel is not None else None
         self.stats = SpeculationStats()
         drafter.last_speculation_stats = self.stats
 
@@ -246,10 +254,14 @@ class TrimmedCandidateGenerator(AssistedCandidateGenerator):
             if self.do_sample:
                 probs = logits.softmax(dim=-1)
                 idx = torch.multinomial(probs, num_samples=1)
-                drafted_logits.append(logits)
+                drafted_logits.append(probs if self.rdk is not None else logits)
             else:
                 idx = logits.argmax(dim=-1, keepdim=True)
-            token = drafter.d2t[idx]  # (1, 1) target id
+            if self.rdk is not None:
+                token = self.rdk.sample(idx)  # j ~ M[i]: the kept token or one of its pruned neighbours
+                self.stats.pruned_proposed += int(token.item() != int(drafter.d2t[idx].item()))
+            else:
+                token = drafter.d2t[idx]  # (1, 1) target id
             drafted_ids.append(token)
             seq = torch.cat([seq, token], dim=1)
             to_feed = token
@@ -262,7 +274,10 @@ class TrimmedCandidateGenerator(AssistedCandidateGenerator):
         candidate_logits = None
         if self.do_sample:
             stacked = torch.stack(drafted_logits, dim=1)  # (1, L, K)
-            candidate_logits = drafter.scatter_to_target(stacked)  # once per round: (1, L, V)
+            if self.rdk is not None:  # exact q_RDK = M^T q'; HF's verifier softmaxes it back to q_RDK
+                candidate_logits = self.rdk.redistribute(stacked).log()
+            else:
+                candidate_logits = drafter.scatter_to_target(stacked)  # once per round: (1, L, V)
         return seq, candidate_logits
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int):
