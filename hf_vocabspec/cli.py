@@ -258,6 +258,57 @@ def _selection_args(p) -> None:
     p.add_argument("--storage", default=None, help="journal file (or sqlite:///...) to resume/share the study")
 
 
+def cmd_rdk_fit(args) -> int:
+    """Fit (or build the prior) RDK kernel for a saved trimmed drafter and save it into the checkpoint."""
+    from .coverage import count_assistant_tokens
+    from .drafter import TrimmedDrafter
+    from .offline import load_chat_dataset, load_model, load_tokenizer
+    from .rdk import calibration_sequences, collect_calibration, embedding_prior_kernel, fit_rdk_kernel
+
+    drafter = TrimmedDrafter.from_pretrained(args.drafter)
+    target_name = args.target or drafter.config.target_model
+    if not target_name:
+        raise SystemExit("The drafter does not record its target: pass --target (the model whose distributions to fit).")
+    tokenizer = load_tokenizer(target_name)
+    dataset = load_chat_dataset(args.dataset)
+    if args.method == "fitted":
+        _log(f"calibrating on {args.sequences} assistant turns of {args.dataset} with {target_name} (T={args.temperature})")
+        target = load_model(target_name, dtype=torch.float32).eval()
+        seqs = calibration_sequences(dataset, tokenizer, max_sequences=args.sequences, skip=args.skip)
+        calib = collect_calibration(target, seqs, temperature=args.temperature)
+        kernel = fit_rdk_kernel(calib, drafter.d2t.cpu(), num_targets=args.num_targets)
+    else:
+        counts = count_assistant_tokens(dataset, tokenizer, max_examples=args.max_examples, progress=True)
+        kernel = embedding_prior_kernel(drafter.get_input_embeddings().weight, drafter.d2t.cpu(),
+                                        pruned_mass=max(0.0, 1 - counts.coverage_of(drafter.d2t.cpu())),
+                                        num_targets=args.num_targets, candidate_ids=(counts.counts > 0).nonzero()[:, 0])
+    drafter.set_rdk_kernel(kernel)
+    out = args.output or args.drafter
+    drafter.save_pretrained(out)
+    held = kernel.info.get("holdout_acceptance_by_shrink", {})
+    print(json.dumps({"kernel": kernel.method, "moved_mass": kernel.moved_mass, "num_targets": kernel.num_targets,
+                      "holdout_expected_acceptance_by_shrink": held, "saved_to": str(out)}, indent=2))
+    return 0
+
+
+def cmd_rdk_bench(args) -> int:
+    from tqdm.auto import tqdm
+
+    from .rdk_benchmark import RDKBenchConfig, run_rdk_benchmark
+
+    cfg = RDKBenchConfig(
+        target=args.target, drafter_dtype=args.drafter_dtype, dataset=args.dataset,
+        count_examples=args.count_examples, levels=tuple(args.levels), temperatures=tuple(args.temperatures),
+        calibration_sequences=args.calibration_sequences, score_sequences=args.score_sequences,
+        num_targets=args.num_targets, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
+        repeats=args.repeats, generate=not args.no_generate,
+    )
+    report = run_rdk_benchmark(cfg, args.output, progress=lambda s: tqdm(s, desc="rdk-bench"))
+    print((Path(args.output) / "results.md").read_text())
+    print(f"done in {report['seconds_total']:.0f} s; results in {args.output}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hf-vocabspec", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -326,6 +377,36 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--num-assistant-tokens", type=int, default=5)
     b.add_argument("--output", default="results/bench")
     b.set_defaults(func=cmd_bench)
+
+    rf = sub.add_parser("rdk-fit", help="fit an RDK kernel (out-of-vocabulary sampling) into a saved trimmed drafter")
+    rf.add_argument("drafter", help="directory or repo of a trimmed drafter")
+    rf.add_argument("--target", default=None, help="default: the target recorded in the drafter")
+    rf.add_argument("--dataset", default="offline:sharegpt")
+    rf.add_argument("--method", choices=["fitted", "prior"], default="fitted")
+    rf.add_argument("--sequences", type=int, default=150, help="calibration assistant turns (fitted)")
+    rf.add_argument("--skip", type=int, default=0, help="skip this many assistant turns (e.g. those counted)")
+    rf.add_argument("--max-examples", type=int, default=4000, help="conversations counted (prior)")
+    rf.add_argument("--temperature", type=float, default=1.0)
+    rf.add_argument("--num-targets", type=int, default=8)
+    rf.add_argument("--output", default=None, help="default: overwrite the drafter directory")
+    rf.set_defaults(func=cmd_rdk_fit)
+
+    rb = sub.add_parser("rdk-bench", help="RDK evidence: acceptance and tau vs kept vocabulary, vanilla vs RDK")
+    rb.add_argument("--target", default="offline:gemma-3-270m")
+    rb.add_argument("--drafter-dtype", choices=sorted(DTYPES), default="bfloat16")
+    rb.add_argument("--dataset", default="offline:sharegpt")
+    rb.add_argument("--count-examples", type=int, default=4000)
+    rb.add_argument("--levels", type=float, nargs="+", default=[0.5, 0.75, 0.9, 0.95, 0.97])
+    rb.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.7])
+    rb.add_argument("--calibration-sequences", type=int, default=150)
+    rb.add_argument("--score-sequences", type=int, default=12)
+    rb.add_argument("--num-targets", type=int, default=8)
+    rb.add_argument("--prompts", type=int, default=3)
+    rb.add_argument("--max-new-tokens", type=int, default=48)
+    rb.add_argument("--repeats", type=int, default=1)
+    rb.add_argument("--no-generate", action="store_true", help="only fit and score kernels (no generation)")
+    rb.add_argument("--output", default="results/rdk")
+    rb.set_defaults(func=cmd_rdk_bench)
     return p
 
 

@@ -22,8 +22,10 @@ from typing import Any
 import torch
 
 __all__ = [
+    "CalibrationData",
     "RDKKernel",
     "calibration_sequences",
+    "collect_calibration",
     "embedding_prior_kernel",
     "expected_acceptance",
     "fit_rdk_kernel",
@@ -184,20 +186,6 @@ def calibration_sequences(dataset, tokenizer, *, max_sequences: int = 64, max_le
     return out
 
 
-@torch.no_grad()
-def _distributions(target, drafter, seq: torch.Tensor, d2t: torch.Tensor, temperature: float):
-    """(p over V, q' over K) at every position of one sequence; q' from the drafter or the target proxy."""
-    ids = seq[None].to(target.device)
-    logits = target(input_ids=ids).logits[0].float() / temperature
-    p = logits.softmax(-1)
-    if drafter is None:  # target restricted to V' and renormalised: the ideal trimmed drafter
-        q = p[:, d2t]
-        q = q / q.sum(-1, keepdim=True).clamp_min(1e-30)
-    else:
-        q = _drafter_q(drafter, ids, d2t, temperature)
-    return p, q
-
-
 def _drafter_q(drafter, ids: torch.Tensor, d2t: torch.Tensor, temperature: float) -> torch.Tensor:
     from .drafter import TrimmedDrafter
 
@@ -216,109 +204,227 @@ def expected_acceptance(p: torch.Tensor, q_full: torch.Tensor) -> torch.Tensor:
     return torch.minimum(p, q_full).sum(-1)
 
 
-def fit_rdk_kernel(
-    target,
-    d2t: torch.Tensor,
-    sequences: Sequence[torch.Tensor],
-    *,
-    drafter=None,
-    num_targets: int = 8,
-    top_draft: int = 32,
-    top_pruned: int = 64,
-    temperature: float = 1.0,
-    shrink_grid: Sequence[float] = (0.25, 0.5, 0.75, 1.0, 1.5),
-    holdout: float = 0.25,
-    progress: bool = True,
-) -> RDKKernel:
-    """Fit M from the target's next-token distributions on calibration text (docs/rdk.md).
+@dataclass
+class CalibrationData:
+    """The target's next-token distributions on calibration text, kept sparse: top ``R`` (id, p) per position.
 
-    Responsibility estimator: at each position the drafter's q'(i) says how much of the proposal kept
-    token i is responsible for; M[i, j] for pruned j is the q'-weighted mean of the target's p(j), M[i, i]
-    the q'-weighted mean of p(i), both over the q'-weighted mean of p(i) + p(pruned). Only the top
-    ``num_targets`` pruned tokens per row are kept (the rest stays on i), then the moved mass is scaled by
-    the ``shrink_grid`` value with the highest expected acceptance on held-out sequences.
+    Collected once and reused for every kept vocabulary (one target pass serves all pruning levels).
     """
+
+    top_ids: torch.Tensor  # (N, R) int64, descending probability
+    top_p: torch.Tensor  # (N, R) float32
+    vocab_size: int
+    temperature: float = 1.0
+    num_sequences: int = 0
+
+    @property
+    def num_positions(self) -> int:
+        return int(self.top_ids.shape[0])
+
+    def split(self, holdout: float) -> tuple[CalibrationData, CalibrationData]:
+        n_hold = int(round(self.num_positions * holdout))
+        cut = self.num_positions - n_hold
+        mk = lambda sl: CalibrationData(self.top_ids[sl], self.top_p[sl], self.vocab_size, self.temperature)  # noqa: E731
+        return mk(slice(0, cut)), mk(slice(cut, None))
+
+
+@torch.no_grad()
+def collect_calibration(target, sequences: Sequence[torch.Tensor], *, top: int = 256, temperature: float = 1.0,
+                        progress: bool = True) -> CalibrationData:
+    """One target forward per sequence; keep each position's top-``top`` tokens (the mass RDK can use)."""
     from tqdm.auto import tqdm
 
-    d2t = torch.as_tensor(d2t, dtype=torch.long).to(target.device)
-    vocab = int(target.config.get_text_config().vocab_size)
-    k = d2t.numel()
     if not sequences:
-        raise ValueError("fit_rdk_kernel needs calibration sequences (see rdk.calibration_sequences).")
-    n_hold = max(1, int(round(len(sequences) * holdout))) if len(sequences) > 1 and holdout > 0 else 0
-    fit_seqs, hold_seqs = list(sequences[: len(sequences) - n_hold]), list(sequences[len(sequences) - n_hold :])
-    kept_mask = torch.zeros(vocab, dtype=torch.bool, device=d2t.device)
+        raise ValueError("RDK calibration needs token sequences (see rdk.calibration_sequences).")
+    ids, probs = [], []
+    for seq in tqdm(list(sequences), desc="RDK calibration", disable=not progress):
+        logits = target(input_ids=seq[None].to(target.device)).logits[0].float() / temperature
+        v, i = logits.softmax(-1).topk(top, dim=-1)
+        ids.append(i.cpu())
+        probs.append(v.cpu())
+    vocab = int(target.config.get_text_config().vocab_size)
+    return CalibrationData(torch.cat(ids), torch.cat(probs), vocab, temperature, len(sequences))
+
+
+def _position_summaries(calib: CalibrationData, d2t: torch.Tensor, top_draft: int, top_pruned: int):
+    """Per position: proxy q' (target restricted to kept tokens, renormalised) top-s, and the pruned top-r."""
+    kept_mask = torch.zeros(calib.vocab_size, dtype=torch.bool)
     kept_mask[d2t] = True
+    t2d = torch.full((calib.vocab_size,), -1, dtype=torch.long)
+    t2d[d2t] = torch.arange(d2t.numel())
+    is_kept = kept_mask[calib.top_ids]
+    coverage = (calib.top_p * is_kept).sum(1)
+    ok = coverage > 1e-6  # positions whose visible mass is all pruned give q' no meaning: skipped
+    top_ids, top_p, is_kept, coverage = calib.top_ids[ok], calib.top_p[ok], is_kept[ok], coverage[ok]
+    s = min(top_draft, top_p.shape[1])
+    kv, ka = top_p.masked_fill(~is_kept, -1.0).topk(s, dim=1)
+    kvalid = kv > 0
+    p_kept = kv.clamp_min(0)
+    qv = p_kept / coverage[:, None]
+    qi = torch.where(kvalid, t2d[top_ids.gather(1, ka)], 0)
+    r = min(top_pruned, top_p.shape[1])
+    pv, pa = top_p.masked_fill(is_kept, -1.0).topk(r, dim=1)
+    pvalid = pv > 0
+    return {"qi": qi, "qv": qv * kvalid, "p_kept": p_kept, "pj": top_ids.gather(1, pa), "pv": pv.clamp_min(0) * pvalid,
+            "positions": int(ok.sum())}
 
-    num = torch.zeros(k, dtype=torch.float64)  # sum_t q'(i) (p(i) + p(pruned))
-    own = torch.zeros(k, dtype=torch.float64)  # sum_t q'(i) p(i)
-    pair_keys, pair_vals = [], []
-    co = None  # coalesced sparse (K, V) co-occurrence sum_t q'(i) p(j), j pruned
-    positions = 0
-    for seq in tqdm(fit_seqs, desc="RDK fit", disable=not progress):
-        p, q = _distributions(target, drafter, seq, d2t, temperature)
-        p_kept = p[:, d2t]
-        p_pruned_total = (1 - p_kept.sum(-1)).clamp_min(0)
-        own += (q * p_kept).sum(0).double().cpu()
-        num += (q * (p_kept + p_pruned_total[:, None])).sum(0).double().cpu()
-        qv, qi = q.topk(min(top_draft, k), dim=-1)
-        pv, pj = p.masked_fill(kept_mask, 0).topk(min(top_pruned, vocab - k), dim=-1)
-        vals = (qv[:, :, None] * pv[:, None, :]).reshape(-1)
-        keys = (qi[:, :, None] * vocab + pj[:, None, :]).reshape(-1)
-        pair_keys.append(keys.cpu())
-        pair_vals.append(vals.double().cpu())
-        positions += p.shape[0]
-        if sum(x.numel() for x in pair_keys) > 4_000_000:
-            co = _merge(co, pair_keys, pair_vals)
-    co = _merge(co, pair_keys, pair_vals)
 
-    rows, cols = co[0] // vocab, co[0] % vocab
-    vals = co[1]
-    # per row: top-m pruned targets by co-occurrence (sort by value, then stably by row)
+def _candidate_targets(summ: dict, k: int, vocab: int, num_targets: int, d2t: torch.Tensor, min_support: float):
+    """Per kept row, the ``num_targets`` pruned tokens with the largest co-occurrence sum_t q'(i) p(j).
+
+    Pairs whose co-occurrence is below ``min_support`` (in positions' worth of probability mass) are not
+    eligible: rare pairs are noise that the fit would chase (measured: it overfits without this).
+    """
+    qi, qv, pj, pv = summ["qi"], summ["qv"], summ["pj"], summ["pv"]
+    vals = (qv[:, :, None] * pv[:, None, :]).reshape(-1).double()
+    keys = (qi[:, :, None] * vocab + pj[:, None, :]).reshape(-1)
+    nz = vals > 0
+    keys, vals = _merge(None, [keys[nz]], [vals[nz]])
+    strong = vals >= min_support
+    keys, vals = keys[strong], vals[strong]
+    rows, cols = keys // vocab, keys % vocab
     order = vals.argsort(descending=True)
     order = order[rows[order].argsort(stable=True)]
-    rows, cols, vals = rows[order], cols[order], vals[order]
+    rows, cols = rows[order], cols[order]
     starts = torch.zeros(k + 1, dtype=torch.long)
     starts[1:] = torch.bincount(rows, minlength=k).cumsum(0)
     rank = torch.arange(rows.numel()) - starts[rows]
     keep = rank < num_targets
-    rows, cols, vals, rank = rows[keep], cols[keep], vals[keep], rank[keep]
+    pruned = _pruned_ids(d2t, vocab)
+    filler = int(pruned[0]) if pruned.numel() else 0
+    targets = torch.full((k, num_targets), filler, dtype=torch.long)
+    has = torch.zeros(k, num_targets, dtype=torch.bool)
+    targets[rows[keep], rank[keep]] = cols[keep]
+    has[rows[keep], rank[keep]] = True
+    return targets, has
 
-    pruned = _pruned_ids(d2t.cpu(), vocab)
-    targets = pruned[:1].expand(k, num_targets).clone() if pruned.numel() else torch.zeros(k, num_targets, dtype=torch.long)
-    moved = torch.zeros(k, num_targets, dtype=torch.float64)
-    targets[rows, rank] = cols
-    moved[rows, rank] = vals / num[rows].clamp_min(1e-30)
-    moved[num < 1e-12] = 0  # rows never proposed in calibration: stay identity
-    moved = moved.clamp_max(1)
-    scale = moved.sum(1).clamp_min(1.0)  # a row can never move more than all of its mass
-    moved = moved / scale[:, None]
+
+class _AcceptanceObjective:
+    """Expected acceptance F(M) = sum_t sum_j min(p_t(j), (Mᵀq'_t)(j)) on calibration positions, sparse.
+
+    F is concave in M (a sum of minima of linear functions), so projected supergradient ascent over the
+    row simplices finds its maximum on the chosen support.
+    """
+
+    def __init__(self, summ: dict, targets: torch.Tensor, vocab: int):
+        qi, qv, pj, pv = summ["qi"], summ["qv"], summ["pj"], summ["pv"]
+        n, s = qi.shape
+        m = targets.shape[1]
+        self.n = max(summ["positions"], 1)
+        self.qi, self.qv, self.p_kept = qi, qv, summ["p_kept"]
+        # entries (t, a, b): kept row qi[t, a] moving to its slot b, target id targets[qi[t, a], b]
+        cand = targets[qi]  # (n, s, m)
+        t_idx = torch.arange(n)[:, None, None].expand(n, s, m)
+        keys = (t_idx * vocab + cand).reshape(-1)
+        uniq, self.group = torch.unique(keys, return_inverse=True)
+        # p_t(j) for each (t, j) group: look it up in the position's pruned top-r
+        g_t, g_j = uniq // vocab, uniq % vocab
+        match = pj[g_t] == g_j[:, None]
+        self.p_group = (pv[g_t] * match).sum(1)
+        self.entry_q = qv[:, :, None].expand(n, s, m).reshape(-1)
+        self.entry_row = qi[:, :, None].expand(n, s, m).reshape(-1)
+        self.entry_slot = torch.arange(m)[None, None, :].expand(n, s, m).reshape(-1)
+        self.row_mass = torch.zeros(targets.shape[0]).index_add_(0, qi.reshape(-1), qv.reshape(-1))
+
+    def value_and_grad(self, w: torch.Tensor) -> tuple[float, torch.Tensor]:
+        own = self.qv * w[self.qi, 0]
+        value = torch.minimum(own, self.p_kept).sum()
+        grad = torch.zeros_like(w)
+        grad[:, 0].index_add_(0, self.qi.reshape(-1), (self.qv * (own < self.p_kept)).reshape(-1))
+        contrib = self.entry_q * w[self.entry_row, 1 + self.entry_slot]
+        r = torch.zeros_like(self.p_group).index_add_(0, self.group, contrib)
+        value = value + torch.minimum(r, self.p_group).sum()
+        short = (r < self.p_group)[self.group]
+        g = torch.zeros(w.shape[0] * (w.shape[1] - 1))
+        g.index_add_(0, self.entry_row * (w.shape[1] - 1) + self.entry_slot, self.entry_q * short)
+        grad[:, 1:] = g.view(w.shape[0], -1)
+        return float(value) / self.n, grad
+
+
+def _project_rows_to_simplex(w: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """Euclidean projection of each row onto {w >= 0, sum w = 1, w = 0 outside ``allowed``}."""
+    w = w.masked_fill(~allowed, -1e9)
+    u = w.sort(dim=1, descending=True).values
+    css = u.cumsum(1) - 1
+    ks = torch.arange(1, w.shape[1] + 1, dtype=w.dtype)
+    cond = (u - css / ks) > 0
+    rho = cond.cumsum(1).argmax(1, keepdim=True)  # last index where cond holds
+    theta = css.gather(1, rho) / (rho + 1).to(w.dtype)
+    return (w - theta).clamp_min(0) * allowed
+
+
+def fit_rdk_kernel(
+    calib: CalibrationData,
+    d2t: torch.Tensor,
+    *,
+    num_targets: int = 8,
+    top_draft: int = 32,
+    top_pruned: int = 64,
+    steps: int = 150,
+    min_support: float = 1.0,
+    holdout: float = 0.2,
+    shrink_grid: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
+) -> RDKKernel:
+    """Fit M to MAXIMISE expected acceptance of q_RDK on calibration positions (docs/rdk.md).
+
+    q' is the ideal trimmed drafter (the target restricted to the kept vocabulary), so one calibration
+    pass serves every kept vocabulary. Support: each row's ``num_targets`` pruned tokens with the largest
+    co-occurrence sum_t q'(i) p(j). Weights: projected supergradient ascent on the concave objective,
+    then the moved mass is scaled by the ``shrink_grid`` value (0 = vanilla) that does best on held-out
+    positions, so the fitted kernel never scores below vanilla pruned sampling there.
+    """
+    d2t = torch.as_tensor(d2t, dtype=torch.long).cpu()
+    k, vocab = d2t.numel(), calib.vocab_size
+    if _pruned_ids(d2t, vocab).numel() == 0:
+        return identity_kernel(d2t, vocab, num_targets)
+    train, held = calib.split(holdout) if holdout > 0 else (calib, None)
+    summ = _position_summaries(train, d2t, top_draft, top_pruned)
+    targets, allowed_t = _candidate_targets(summ, k, vocab, num_targets, d2t, min_support)
+    allowed = torch.cat([torch.ones(k, 1, dtype=torch.bool), allowed_t], 1)
+    objective = _AcceptanceObjective(summ, targets, vocab)
+    w = torch.zeros(k, num_targets + 1)
+    w[:, 0] = 1
+    best_value, history = objective.value_and_grad(w)[0], []
+    vanilla_value, best_w = best_value, w.clone()
+    scale = objective.row_mass.clamp_min(1e-9)[:, None]
+    for step in range(steps):
+        value, grad = objective.value_and_grad(w)
+        history.append(value)
+        if value > best_value:
+            best_value, best_w = value, w.clone()
+        w = _project_rows_to_simplex(w + (0.2 / (1 + step) ** 0.5) * grad / scale, allowed)
+    w = best_w
+    w[objective.row_mass < 1e-9] = torch.eye(1, num_targets + 1)  # rows never proposed: identity
 
     def build(lam: float) -> RDKKernel:
-        w = torch.zeros(k, num_targets + 1, dtype=torch.float64)
-        w[:, 1:] = lam * moved
-        w[:, 1:] /= w[:, 1:].sum(1, keepdim=True).clamp_min(1.0)[:, :]  # never more than the whole row
-        w[:, 0] = 1 - w[:, 1:].sum(1)
-        return RDKKernel(d2t.cpu(), targets, w.float(), vocab, "fitted").normalized()
+        out = w.clone()
+        out[:, 1:] *= lam
+        out[:, 0] = 1 - out[:, 1:].sum(1)
+        return RDKKernel(d2t, targets, out, vocab, "fitted").normalized()
 
     candidates = {float(lam): build(float(lam)) for lam in shrink_grid}
-    if hold_seqs:
-        scores = score_kernels(target, hold_seqs, {str(lam): kern for lam, kern in candidates.items()},
-                               drafter=drafter, temperature=temperature, progress=progress)
-        best = max(candidates, key=lambda lam: scores[str(lam)])
+    held_scores = {}
+    if held is not None and held.num_positions:
+        held_summ = _position_summaries(held, d2t, top_draft, top_pruned)
+        held_obj = _AcceptanceObjective(held_summ, targets, vocab)
+        held_scores = {str(lam): held_obj.value_and_grad(c.weights)[0] for lam, c in candidates.items()}
+        best = max(candidates, key=lambda lam: (held_scores[str(lam)], -lam))
     else:
-        scores, best = {}, max(shrink_grid)
+        best = max(shrink_grid)
     kernel = candidates[best]
     kernel.info = {
         "method": "fitted",
+        "objective": "expected acceptance on calibration positions",
         "num_targets": num_targets,
+        "min_support": min_support,
+        "rows_with_targets": int(allowed_t.any(1).sum()),
         "shrink": best,
-        "temperature": temperature,
-        "fit_positions": positions,
-        "fit_sequences": len(fit_seqs),
-        "holdout_sequences": len(hold_seqs),
-        "holdout_acceptance_by_shrink": scores,
-        "q_source": "drafter" if drafter is not None else "target restricted to kept vocabulary",
+        "temperature": calib.temperature,
+        "fit_positions": summ["positions"],
+        "train_acceptance_vanilla": round(vanilla_value, 6),
+        "train_acceptance_fitted": round(best_value, 6),
+        "holdout_acceptance_by_shrink": {key: round(v, 6) for key, v in held_scores.items()},
+        "q_source": "target restricted to the kept vocabulary",
     }
     return kernel.validate()
 
@@ -347,6 +453,7 @@ def embedding_prior_kernel(
     pruned_mass: float,
     num_targets: int = 8,
     temperature: float = 0.05,
+    candidate_ids: torch.Tensor | None = None,
     chunk: int = 4096,
     progress: bool = True,
 ) -> RDKKernel:
@@ -355,7 +462,9 @@ def embedding_prior_kernel(
     ``embeddings`` is a (V, h) token embedding table (e.g. the drafter's input embeddings);
     ``pruned_mass`` is how much a kept token should give away, e.g. 1 - coverage of the kept vocabulary
     on the workload (what a perfect trimmed drafter over-proposes on average). Weights among the targets
-    are softmax(cosine / temperature).
+    are softmax(cosine / temperature). ``candidate_ids`` restricts the targets (e.g. tokens that occur in
+    the workload at all: pruned tokens never seen in the counted text are poor targets, and skipping them
+    makes the similarity search cheap).
     """
     from tqdm.auto import tqdm
 
@@ -365,6 +474,10 @@ def embedding_prior_kernel(
     emb = embeddings.detach().float().cpu()
     vocab, k = emb.shape[0], d2t.numel()
     pruned = _pruned_ids(d2t, vocab)
+    if candidate_ids is not None:
+        allowed = torch.zeros(vocab, dtype=torch.bool)
+        allowed[torch.as_tensor(candidate_ids, dtype=torch.long)] = True
+        pruned = pruned[allowed[pruned]]
     if pruned.numel() == 0:
         return identity_kernel(d2t, vocab, num_targets)
     m = min(num_targets, pruned.numel())
@@ -404,22 +517,31 @@ def score_kernels(
 ) -> dict[str, float]:
     """Mean expected acceptance sum_j min(p_j, q_RDK_j) of each kernel over all positions of ``sequences``.
 
-    All kernels must share one ``d2t``. Cheap and noise-free; end-to-end tau comes from the benchmark.
+    Exact (full-vocabulary p from one target pass per sequence). q' is the given drafter's (all kernels
+    must then share its kept vocabulary) or, without one, the ideal trimmed drafter (target restricted to
+    each kernel's kept vocabulary, so kernels for different vocabularies are scored in one pass).
+    Cheap and noise-free; end-to-end tau comes from generation.
     """
     from tqdm.auto import tqdm
 
     if not kernels:
         return {}
-    first = next(iter(kernels.values()))
-    d2t = first.d2t.to(target.device)
     totals = dict.fromkeys(kernels, 0.0)
     n = 0
     for seq in tqdm(list(sequences), desc="RDK score", disable=not progress):
-        p, q = _distributions(target, drafter, seq, d2t, temperature)
+        ids = seq[None].to(target.device)
+        p = (target(input_ids=ids).logits[0].float() / temperature).softmax(-1)
+        q_cache: dict[int, torch.Tensor] = {}
         for name, kern in kernels.items():
-            if not torch.equal(kern.d2t.to(d2t.device), d2t):
-                raise ValueError("score_kernels: all kernels must be built for the same kept vocabulary (d2t).")
-            totals[name] += float(expected_acceptance(p, kern.to(p.device).redistribute(q)).sum())
+            d2t = kern.d2t.to(p.device)
+            key = id(kern.d2t)
+            if key not in q_cache:
+                if drafter is None:
+                    q = p[:, d2t]
+                    q_cache[key] = q / q.sum(-1, keepdim=True).clamp_min(1e-30)
+                else:
+                    q_cache[key] = _drafter_q(drafter, ids, d2t, temperature)
+            totals[name] += float(expected_acceptance(p, kern.to(p.device).redistribute(q_cache[key])).sum())
         n += p.shape[0]
     return {name: total / max(n, 1) for name, total in totals.items()}
 
