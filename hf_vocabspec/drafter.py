@@ -10,6 +10,7 @@ mapping draft ids to the first N target ids (the classic acceptance-collapse bug
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -162,7 +163,9 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
         """The attached kernel as float32, rows renormalised (None without one)."""
         if not self.config.rdk or getattr(self, "rdk_weights", None) is None:
             return None
-        from .rdk import RDKKernel
+        # Imported by name, not relatively: transformers ships a relatively-imported module (and all it
+        # imports) with every checkpoint, and drafter.py must stay torch + transformers only.
+        RDKKernel = importlib.import_module("hf_vocabspec.rdk").RDKKernel  # noqa: N806
 
         if not bool(torch.isfinite(self.rdk_weights).all()):
             raise VocabularyMapError(

@@ -361,7 +361,7 @@ def fit_rdk_kernel(
     top_draft: int = 32,
     top_pruned: int = 64,
     steps: int = 150,
-    min_support: float = 1.0,
+    min_support: float = 3.0,
     holdout: float = 0.2,
     shrink_grid: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
 ) -> RDKKernel:
