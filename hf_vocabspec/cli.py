@@ -126,10 +126,20 @@ def cmd_trim(args) -> int:
     print(f"measured draft-step: {measured.seconds[1] * 1e3:.1f} ms full head -> {measured.seconds[0] * 1e3:.1f} ms "
           f"trimmed ({speedup:.2f}x; body-only floor {measured.floor_seconds * 1e3:.1f} ms)")
     print(f"saved to {out}")
+    from .hub import write_custom_generate
+
+    write_custom_generate(out, str(out.resolve()))  # target.generate(custom_generate=<out>, trust_remote_code=True)
     if args.push_to_hub:
         from .hub import push_drafter_to_hub
 
-        url = push_drafter_to_hub(drafter, args.push_to_hub, tokenizer=tokenizer)
+        workload = f"{args.dataset} (counted assistant turns)" if not args.counts else f"{args.counts} (counts file)"
+        measured_rows = [
+            {"metric_type": "coverage", "metric_name": "assistant-token coverage of the kept vocabulary",
+             "metric_value": round(counts.coverage(k), 6), "dataset_name": workload},
+            {"metric_type": "draft_step_speedup", "metric_name": f"draft-step speedup vs full head ({args.dtype}, measured)",
+             "metric_value": round(speedup, 4), "dataset_name": workload},
+        ]
+        url = push_drafter_to_hub(drafter, args.push_to_hub, tokenizer=tokenizer, eval_results=measured_rows)
         print(f"pushed to {url}")
     return 0
 

@@ -75,14 +75,47 @@ def _fmt(key: str, value: Any) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
+_RDK_CARD_KEYS = ("method", "num_targets", "moved_mass", "shrink", "fit_positions", "temperature", "enabled")
+
+
+def _eval_results(rows: list[dict] | None):
+    """Measured numbers -> huggingface_hub EvalResults for the card's model-index.
+
+    Each row: ``metric_type`` (e.g. "acceptance_rate", "speedup_vs_hf_assisted"), ``metric_value``,
+    ``dataset_name`` (e.g. "offline:sharegpt (held-out)"); optional ``metric_name``, ``dataset_type``,
+    ``task_type`` (default "text-generation"), ``source_name`` / ``source_url``.
+    """
+    from huggingface_hub import EvalResult
+
+    out = []
+    for row in rows or []:
+        missing = {"metric_type", "metric_value", "dataset_name"} - set(row)
+        if missing:
+            raise ValueError(f"eval_results rows need {sorted(missing)} (got {sorted(row)}).")
+        out.append(EvalResult(
+            task_type=row.get("task_type", "text-generation"),
+            dataset_type=row.get("dataset_type", str(row["dataset_name"]).replace(" ", "-")),
+            dataset_name=str(row["dataset_name"]),
+            metric_type=row["metric_type"],
+            metric_value=row["metric_value"],
+            metric_name=row.get("metric_name", row["metric_type"]),
+            source_name=row.get("source_name") if row.get("source_url") else None,
+            source_url=row.get("source_url"),
+        ))
+    return out
+
+
 def build_model_card(drafter: TrimmedDrafter, repo_id: str = "<repo-id>", *, license: str | None = None,
-                     tokenizer_fingerprint: str | None = None):
+                     tokenizer_fingerprint: str | None = None, eval_results: list[dict] | None = None):
     """A ``huggingface_hub.ModelCard`` rendered from ``model_cards/drafter_card.md`` and the drafter's config.
 
+    ``eval_results`` (measured numbers, see :func:`_eval_results`) go to the YAML model-index and a table.
     Offline: ``base_model`` is taken as given (only written to the YAML when it looks like a Hub id), nothing
     is fetched or validated against the Hub.
     """
     from huggingface_hub import ModelCard, ModelCardData
+
+    results = _eval_results(eval_results)
 
     cfg = drafter.config
     selection = dict(cfg.selection or {})
@@ -95,6 +128,8 @@ def build_model_card(drafter: TrimmedDrafter, repo_id: str = "<repo-id>", *, lic
         base_model=cfg.base_drafter if _is_hub_id(cfg.base_drafter) else None,
         datasets=[dataset] if _is_hub_id(dataset) else None,
         license=license,
+        model_name=repo_id.split("/")[-1] if results else None,
+        eval_results=results or None,
         # extra keys are kept in the YAML header: machine-readable facts about the trim
         draft_vocab_size=int(cfg.draft_vocab_size),
         vocab_size=int(cfg.vocab_size),
@@ -115,7 +150,27 @@ def build_model_card(drafter: TrimmedDrafter, repo_id: str = "<repo-id>", *, lic
         vocab_map_sha256=cfg.vocab_map_sha256,
         selection=[(k, _fmt(k, v)) for k, v in selection.items() if v is not None],
         license_name=license,
+        measured=[(r.dataset_name, r.metric_name, _fmt(r.metric_type, r.metric_value)) for r in results],
+        rdk=[(k, _fmt(k, v)) for k, v in (cfg.rdk or {}).items() if k in _RDK_CARD_KEYS],
     )
+
+
+# --- custom_generate ---------------------------------------------------------------------------------------
+CUSTOM_GENERATE_TEMPLATE = Path(__file__).resolve().parent / "custom_generate" / "generate.py"
+
+
+def write_custom_generate(directory: str | os.PathLike, drafter_repo: str) -> Path:
+    """Write ``custom_generate/generate.py`` so that
+    ``target.generate(..., custom_generate=<repo or dir>, trust_remote_code=True)`` drafts with the trimmed
+    drafter stored at ``drafter_repo`` (a Hub repo id or a local directory)."""
+    out = Path(directory) / "custom_generate"
+    out.mkdir(parents=True, exist_ok=True)
+    code = CUSTOM_GENERATE_TEMPLATE.read_text().replace("{{DRAFTER_REPO}}", str(drafter_repo))
+    (out / "generate.py").write_text(code)
+    # No requirements.txt on purpose: transformers checks it whenever the DRAFTER is loaded with
+    # trust_remote_code, which must keep working without hf_vocabspec installed; the recipe itself
+    # raises an ImportError naming `pip install hf_vocabspec` when it needs the package.
+    return out / "generate.py"
 
 
 # --- push ----------------------------------------------------------------------------------------------------
@@ -129,9 +184,13 @@ def push_drafter_to_hub(
     commit_message: str = DEFAULT_COMMIT_MESSAGE,
     license: str | None = None,
     revision: str | None = None,
+    custom_generate: bool = True,
+    eval_results: list[dict] | None = None,
 ) -> str:
     """Push the drafter (safetensors with the map inside, config, generation config), the tokenizer when
-    given, and a generated model card (README.md) in ONE commit; return the repo URL.
+    given, a generated model card (README.md) and, with ``custom_generate``, a ``custom_generate/`` recipe
+    (``target.generate(custom_generate=repo_id, trust_remote_code=True)``) in ONE commit; return the repo URL.
+    ``eval_results``: measured numbers for the card's model-index (see :func:`build_model_card`).
 
     With ``tokenizer``, its fingerprint must match the one recorded at trim time (a drafter trimmed without
     a tokenizer gets it recorded in the pushed config).
@@ -160,8 +219,11 @@ def push_drafter_to_hub(
             if not cfg.get("target_tokenizer_sha256"):
                 cfg["target_tokenizer_sha256"] = fingerprint
                 cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-        card = build_model_card(drafter, full_id, license=license, tokenizer_fingerprint=fingerprint)
+        card = build_model_card(drafter, full_id, license=license, tokenizer_fingerprint=fingerprint,
+                                eval_results=eval_results)
         card.save(str(Path(tmp) / "README.md"))
+        if custom_generate:
+            write_custom_generate(tmp, full_id)
         api.upload_folder(repo_id=full_id, folder_path=tmp, repo_type="model", revision=revision,
                           commit_message=commit_message)
     return str(repo_url)

@@ -189,11 +189,12 @@ def test_fresh_process_loads_by_repo_id_with_trust_remote_code(local_hub, pushed
     root = pushed["root"]
     script = textwrap.dedent(f"""
         import json, sys, torch
+        sys.modules['hf_vocabspec'] = None  # as if the package were not installed: any import of it fails
         from transformers import AutoModelForCausalLM
         d = AutoModelForCausalLM.from_pretrained({REPO!r}, trust_remote_code=True)
         target = AutoModelForCausalLM.from_pretrained({str(root / 'target')!r})
         out = target.generate(torch.tensor({PROMPT}), max_new_tokens=20, do_sample=False, assistant_model=d)
-        print('RESULT' + json.dumps({{'imported': 'hf_vocabspec' in sys.modules, 'module': type(d).__module__,
+        print('RESULT' + json.dumps({{'imported': sys.modules.get('hf_vocabspec') is not None, 'module': type(d).__module__,
                                       'out': out[0].tolist()}}))
     """)
     env = {**os.environ, **client_env(local_hub, tmp_path / "hf-cache")}
