@@ -177,18 +177,31 @@ def _f(x, fmt):
     return "-" if x is None else format(x, fmt)
 
 
+def predicted_tau(acceptance: float | None, draft_tokens: int) -> float | None:
+    """tau = (1 - a^(L+1)) / (1 - a) if each of L draft tokens is accepted independently with probability a."""
+    if acceptance is None:
+        return None
+    if acceptance >= 1.0:
+        return float(draft_tokens + 1)
+    return (1 - acceptance ** (draft_tokens + 1)) / (1 - acceptance)
+
+
 def format_rdk_report(report: dict) -> str:
+    draft_tokens = int(report["config"].get("num_assistant_tokens", 5))
     lines = []
     for run in report["runs"]:
         lines += [f"\nTemperature {run['temperature']} ({report['prompts']} prompts x "
                   f"{report['config']['max_new_tokens']} tokens, {report['config']['repeats']} repeat(s)):\n",
-                  "| pruned | kept | eval coverage | method | expected acceptance (ideal drafter) | acceptance | tau | "
+                  "| pruned | kept | eval coverage | method | expected acceptance (ideal drafter) | "
+                  f"predicted tau (L={draft_tokens}) | acceptance | tau | "
                   "tau vs untrimmed | tokens/s vs untrimmed | pruned tokens proposed |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for row in run["rows"]:
             lines.append(
                 f"| {row['level']:.0%} | {row['kept']:,} | {row['coverage_eval']:.1%} | {row['method']} | "
-                f"{_f(row['expected_acceptance'], '.1%')} | {_f(row['acceptance'], '.1%')} | {_f(row['tau'], '.2f')} | "
+                f"{_f(row['expected_acceptance'], '.1%')} | "
+                f"{_f(predicted_tau(row['expected_acceptance'], draft_tokens), '.2f')} | "
+                f"{_f(row['acceptance'], '.1%')} | {_f(row['tau'], '.2f')} | "
                 f"{_f(row['tau_vs_untrimmed'], '.3f')} | {_f(row['tokens_per_s_vs_untrimmed'], '.2f')} | "
                 f"{row['pruned_proposed']} |")
     return "\n".join(lines) + "\n"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hf_vocabspec.benchmark import MethodResult
-from hf_vocabspec.rdk_benchmark import _gen_row, format_rdk_report, plot_rdk_report
+from hf_vocabspec.rdk_benchmark import _gen_row, format_rdk_report, plot_rdk_report, predicted_tau
 
 
 def test_rows_ratios_table_and_plot(tmp_path):
@@ -22,7 +22,8 @@ def test_rows_ratios_table_and_plot(tmp_path):
     report = {"config": {"target": "tiny", "max_new_tokens": 10, "repeats": 1}, "prompts": 2,
               "runs": [{"temperature": 1.0, "rows": rows}, {"temperature": 0.7, "rows": rows}]}
     md = format_rdk_report(report)
-    assert "| 97% | 30 | 90.0% | RDK fitted | 91.0% | 60.0% | 4.00 | 0.800 | 0.80 | 3 |" in md
+    assert "| 97% | 30 | 90.0% | RDK fitted | 91.0% | 4.80 | 60.0% | 4.00 | 0.800 | 0.80 | 3 |" in md
+    assert predicted_tau(1.0, 5) == 6.0 and abs(predicted_tau(0.5, 1) - 1.5) < 1e-12
     assert md.count("Temperature") == 2
     plot_rdk_report(report, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 10_000
