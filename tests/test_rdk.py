@@ -42,7 +42,7 @@ def pair():
 def fitted(pair):
     target, _, drafter = pair
     calibration = collect_calibration(target, random_sequences(), top=32, progress=False)
-    return fit_rdk_kernel(calibration, drafter.d2t, num_targets=4)
+    return fit_rdk_kernel(calibration, drafter.d2t, num_targets=4, min_support=0.1)  # tiny data: low bar
 
 
 def hand_kernel(drafter, towards: list[int], moved=0.35) -> RDKKernel:
