@@ -128,7 +128,8 @@ def cmd_trim(args) -> int:
     print(f"saved to {out}")
     from .hub import write_custom_generate
 
-    write_custom_generate(out, str(out.resolve()))  # target.generate(custom_generate=<out>, trust_remote_code=True)
+    if not args.no_custom_generate:  # target.generate(custom_generate=<out>, trust_remote_code=True)
+        write_custom_generate(out, str(out.resolve()))
     if args.push_to_hub:
         from .hub import push_drafter_to_hub
 
@@ -139,7 +140,14 @@ def cmd_trim(args) -> int:
             {"metric_type": "draft_step_speedup", "metric_name": f"draft-step speedup vs full head ({args.dtype}, measured)",
              "metric_value": round(speedup, 4), "dataset_name": workload},
         ]
-        url = push_drafter_to_hub(drafter, args.push_to_hub, tokenizer=tokenizer, eval_results=measured_rows)
+        sel_dir = out / "selection"
+        extra = {f"selection/{name}": sel_dir / name for name in ("selection.json", "pareto.png", "latency.png")
+                 if result is not None and (sel_dir / name).is_file()}
+        url = push_drafter_to_hub(
+            drafter, args.push_to_hub, tokenizer=tokenizer, eval_results=measured_rows, license=args.license,
+            private=args.private, custom_generate=not args.no_custom_generate, benchmark=args.bench_results,
+            pareto=result.to_dict()["pareto"] if result is not None else None, extra_files=extra,
+        )
         print(f"pushed to {url}")
     return 0
 
@@ -340,7 +348,14 @@ def build_parser() -> argparse.ArgumentParser:
     _selection_args(t)
     t.add_argument("--k", type=int, default=None, help="keep exactly the top-k tokens (skips the search)")
     t.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
-    t.add_argument("--push-to-hub", default=None, metavar="REPO_ID", help="also push the drafter with a model card")
+    t.add_argument("--push-to-hub", default=None, metavar="REPO_ID",
+                   help="also push the drafter with a model card (HF_TOKEN / `hf auth login`; HF_ENDPOINT honoured)")
+    t.add_argument("--private", action="store_true", help="with --push-to-hub: create the repo private")
+    t.add_argument("--license", default=None, help="card licence (default: inherited from the base drafter/target)")
+    t.add_argument("--bench-results", default=None, metavar="RESULTS_JSON",
+                   help="with --push-to-hub: add this kept size's rows of an `hf-vocabspec bench` results.json to the card")
+    t.add_argument("--no-custom-generate", action="store_true",
+                   help="do not write/push the custom_generate/ recipe (target.generate(custom_generate=repo))")
     t.add_argument("--output", default="trimmed-drafter")
     t.set_defaults(func=cmd_trim)
 

