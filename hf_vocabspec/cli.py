@@ -146,7 +146,9 @@ def cmd_trim(args) -> int:
         url = push_drafter_to_hub(
             drafter, args.push_to_hub, tokenizer=tokenizer, eval_results=measured_rows, license=args.license,
             private=args.private, custom_generate=not args.no_custom_generate, benchmark=args.bench_results,
-            pareto=result.to_dict()["pareto"] if result is not None else None, extra_files=extra,
+            pareto=None if result is None else result.to_dict()["pareto"] + [
+                {"k": result.k, "coverage": result.coverage, "relative_cost": result.relative_draft_cost, "chosen": True}],
+            extra_files=extra,
         )
         print(f"pushed to {url}")
     return 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -139,18 +140,25 @@ def inherited_license(drafter: TrimmedDrafter) -> tuple[str | None, list[tuple[s
 
 
 def _pareto_rows(points: list[dict] | None, chosen_k: int | None, limit: int = 14) -> list[tuple[str, str, str, str]]:
-    """At most ``limit`` Pareto points (evenly spread, the chosen k always kept) as table rows."""
-    pts = sorted((p for p in points or [] if "k" in p), key=lambda p: p["k"])
+    """At most ``limit`` Pareto points (evenly spread, the chosen k always kept) as table rows. A point with
+    ``"chosen": True`` (or ``k == chosen_k``) is marked; one that is not on the front itself says so."""
+    points = [p for p in points or [] if "k" in p]
+    front = {p["k"]: p for p in points if not p.get("chosen")}
+    chosen = next((p for p in points if p.get("chosen")), None)
+    chosen_k = chosen["k"] if chosen else chosen_k
+    shown = {**({chosen["k"]: chosen} if chosen else {}), **front}
+    pts = sorted(shown.values(), key=lambda p: p["k"])
     if len(pts) > limit:
         step = (len(pts) - 1) / (limit - 1)
         idx = {round(i * step) for i in range(limit)}
-        idx |= {i for i, p in enumerate(pts) if p["k"] == chosen_k}
+        idx |= {i for i, p in enumerate(pts) if p["k"] == chosen_k or p["k"] == max(front, default=None)}
         pts = [pts[i] for i in sorted(idx)]
     rows = []
     for p in pts:
         cost = p.get("relative_cost")
         rows.append((f"{int(p['k']):,}", f"{p['coverage']:.2%}" if p.get("coverage") is not None else "",
-                     f"{cost:.3f}" if cost is not None else "", "**chosen**" if p["k"] == chosen_k else ""))
+                     f"{cost:.3f}" if cost is not None else "",
+                     ("**chosen**" if p["k"] in front else "**chosen** (off the front)") if p["k"] == chosen_k else ""))
     return rows
 
 
@@ -187,6 +195,16 @@ def eval_results_from_benchmark(report: dict | str | os.PathLike, kept_vocab: in
     return rows
 
 
+def _dataset_type(dataset_name: str) -> str:
+    """The Hub id a workload name starts with (offline names map to their source), else a slug of it."""
+    head = dataset_name.split(" ")[0]
+    if head in OFFLINE_DATASET_HUB_IDS:
+        return OFFLINE_DATASET_HUB_IDS[head]
+    if _is_hub_id(head):
+        return head
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", dataset_name).strip("-") or "custom"
+
+
 def _eval_results(rows: list[dict] | None):
     """Measured numbers -> huggingface_hub EvalResults for the card's model-index.
 
@@ -203,7 +221,7 @@ def _eval_results(rows: list[dict] | None):
             raise ValueError(f"eval_results rows need {sorted(missing)} (got {sorted(row)}).")
         out.append(EvalResult(
             task_type=row.get("task_type", "text-generation"),
-            dataset_type=row.get("dataset_type", str(row["dataset_name"]).replace(" ", "-")),
+            dataset_type=row.get("dataset_type", _dataset_type(str(row["dataset_name"]))),
             dataset_name=str(row["dataset_name"]),
             metric_type=row["metric_type"],
             metric_value=row["metric_value"],

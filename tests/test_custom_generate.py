@@ -183,6 +183,7 @@ def test_push_without_recipe_and_with_extra_files(local_hub, pushed, tmp_path): 
     png = tmp_path / "pareto.png"
     png.write_bytes(b"\x89PNG\r\n\x1a\nnot-really")
     pareto = [{"k": k, "coverage": k / 64, "relative_cost": 0.5 + k / 128} for k in range(5, 64, 2)]
+    pareto.append({"k": 40, "coverage": 0.6, "relative_cost": 0.9, "chosen": True})  # a dominated choice
     with clients_pointed_at(local_hub, tmp_path / "hf-cache"):
         push_drafter_to_hub(pushed["drafter"], "user/no-recipe", custom_generate=False, pareto=pareto,
                             extra_files={"selection/pareto.png": png})
@@ -197,6 +198,7 @@ def test_push_without_recipe_and_with_extra_files(local_hub, pushed, tmp_path): 
     rows = [ln for ln in card.content.splitlines() if ln.startswith("| ") and ln.count("|") == 5 and "%" in ln]
     assert 2 <= len(rows) <= 15 and rows[0].startswith("| 5 | 7.81% | 0.539 |")  # thinned, ends kept
     assert rows[-1].startswith("| 63 |")
+    assert "| 40 | 60.00% | 0.900 | **chosen** (off the front) |" in rows
 
 
 BENCH = {"runs": [
@@ -244,8 +246,66 @@ def test_card_metadata_inherited_and_measured(local_hub, tmp_path):  # noqa: F81
     assert got[("cfg", "coverage")] == 0.9  # from config.eval_results
     assert got[("offline:sharegpt (held-out, greedy)", "speedup_vs_target")] == 1.31
     assert got[("offline:humaneval (t0.7)", "acceptance_rate")] == 0.7
+    types = {r.dataset_name: r.dataset_type for r in card.data.eval_results}
+    assert types["offline:sharegpt (held-out, greedy)"] == "anon8231489123/ShareGPT_Vicuna_unfiltered"
+    assert types["offline:humaneval (t0.7)"] == "openai/openai_humaneval" and types["cfg"] == "cfg"
     assert 'from_pretrained("HuggingFaceTB/SmolLM2-135M-Instruct")' in card.content  # usage names a real id
 
     drafter.config.base_drafter = drafter.config.target_model = "offline:smollm2-135m-instruct"
     assert build_model_card(drafter, "me/x").data.license == "apache-2.0"  # one licence: inherited as is
     assert build_model_card(drafter, "me/x", license="mit").data.license == "mit"  # explicit wins
+
+
+@pytest.mark.integration
+def test_smollm2_cli_push_then_fresh_process_by_repo_id(local_hub, tmp_path):  # noqa: F811
+    """Done-criterion on a real model: `hf-vocabspec trim --push-to-hub` (search with the FLOPs cost model) ->
+    repo with card, Pareto data and recipe on the local Hub -> a fresh process loads it by repo id and decodes
+    greedily exactly like the locally saved copy, both with assistant_model= and with custom_generate=."""
+    from huggingface_hub import ModelCard
+
+    from hf_vocabspec.offline import load_model, load_tokenizer
+
+    smol, repo = "offline:smollm2-135m-instruct", "user/smollm2-135m-trimmed"
+    cmd = [sys.executable, "-m", "hf_vocabspec.cli", "trim", "--drafter", smol, "--target", smol,
+           "--dataset", "offline:sharegpt", "--max-examples", "300", "--min-coverage", "0.9", "--cost", "flops",
+           "--n-trials", "12", "--max-k", "20000", "--dtype", "float32", "--output", str(tmp_path / "out"),
+           "--push-to-hub", repo]
+    env = {**os.environ, **client_env(local_hub, tmp_path / "hf-cache-cli")}
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+    files = local_hub.files(repo)
+    assert {"config.json", "model.safetensors", "README.md", "custom_generate/generate.py",
+            "selection/pareto.png", "selection/selection.json", "tokenizer.json"} <= set(files)
+    with clients_pointed_at(local_hub, tmp_path / "hf-cache"):
+        card = ModelCard.load(repo)
+    assert card.data.license == "apache-2.0" and card.data.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert {r.metric_type for r in card.data.eval_results} == {"coverage", "draft_step_speedup"}
+    assert "**chosen**" in card.content and "custom_generate" in card.data.tags
+
+    tok = load_tokenizer(smol)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Give me three tips for writing clean code."}],
+                                     add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+    target = load_model(smol).eval()
+    from transformers import AutoModelForCausalLM
+
+    local = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    ref = target.generate(prompt, assistant_model=local, max_new_tokens=40, do_sample=False)[0].tolist()
+    assert ref == target.generate(prompt, max_new_tokens=40, do_sample=False)[0].tolist()
+
+    got = run_fresh(f"""
+        import json, torch
+        from hf_vocabspec.hub import load_drafter
+        from hf_vocabspec.offline import load_model, load_tokenizer
+        target = load_model({smol!r}).eval()
+        d = load_drafter({repo!r}, target=target, tokenizer=load_tokenizer({smol!r}))
+        ids = torch.tensor({prompt.tolist()})
+        a = target.generate(ids, assistant_model=d, max_new_tokens=40, do_sample=False)[0].tolist()
+        b = target.generate(ids, custom_generate={repo!r}, trust_remote_code=True, max_new_tokens=40,
+                            do_sample=False)[0].tolist()
+        print('RESULT' + json.dumps({{'a': a, 'b': b, 'k': d.config.draft_vocab_size,
+                                      'accepted': d.last_speculation_stats.accepted}}))
+    """, local_hub, tmp_path)
+    assert got["a"] == ref and got["b"] == ref
+    assert got["k"] == local.config.draft_vocab_size < local.config.vocab_size
+    assert got["accepted"] > 0
