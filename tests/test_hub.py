@@ -27,6 +27,7 @@ from hf_vocabspec import (
 )
 from hf_vocabspec.hub import (
     DrafterFileMissingError,
+    DrafterLoadError,
     DrafterMismatchError,
     DrafterNotFoundError,
     NotATrimmedDrafterError,
@@ -138,6 +139,13 @@ def test_errors_a_new_user_meets(hub_client, pushed):  # noqa: F811
         load_drafter("user/does-not-exist")
     with pytest.raises(DrafterNotFoundError, match="no such revision"):
         load_drafter(REPO, revision="no-such-branch")
+    for bad in ("my drafter", "./not-saved-yet", "a/b/c"):  # neither a directory nor a valid repo id
+        with pytest.raises(DrafterNotFoundError, match="neither a local directory nor a valid Hub repo id"):
+            load_drafter(bad)
+    with pytest.raises(DrafterLoadError, match="is a file: pass the directory"):
+        load_drafter(pushed["root"] / "drafter" / "config.json")
+    with pytest.raises(DrafterFileMissingError, match="without config.json"):
+        load_drafter(pushed["root"])
     with pytest.raises(NotATrimmedDrafterError, match="not an hf_vocabspec trimmed drafter") as err:
         load_drafter(PLAIN)
     assert "'llama'" in str(err.value) and "trim_drafter" in str(err.value)
@@ -191,18 +199,26 @@ def test_fresh_process_loads_by_repo_id_with_trust_remote_code(local_hub, pushed
         import json, sys, torch
         sys.modules['hf_vocabspec'] = None  # as if the package were not installed: any import of it fails
         from transformers import AutoModelForCausalLM
+        try:  # what a user without hf_vocabspec sees first
+            AutoModelForCausalLM.from_pretrained({REPO!r})
+            refusal = None
+        except Exception as err:
+            refusal = str(err)
         d = AutoModelForCausalLM.from_pretrained({REPO!r}, trust_remote_code=True)
         target = AutoModelForCausalLM.from_pretrained({str(root / 'target')!r})
         out = target.generate(torch.tensor({PROMPT}), max_new_tokens=20, do_sample=False, assistant_model=d)
         print('RESULT' + json.dumps({{'imported': sys.modules.get('hf_vocabspec') is not None, 'module': type(d).__module__,
-                                      'out': out[0].tolist()}}))
+                                      'out': out[0].tolist(), 'refusal': refusal}}))
     """)
     env = {**os.environ, **client_env(local_hub, tmp_path / "hf-cache")}
-    proc = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, env=env, timeout=300,
+                          stdin=subprocess.DEVNULL)  # the trust_remote_code prompt must not wait for a terminal
     assert proc.returncode == 0, proc.stderr[-4000:]
-    got = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1][len("RESULT"):])
+    # (transformers' trust_remote_code prompt ends without a newline, so RESULT may follow it on one line)
+    got = json.loads([ln for ln in proc.stdout.splitlines() if "RESULT{" in ln][-1].split("RESULT", 1)[1])
     assert not got["imported"] and got["module"].startswith("transformers_modules")
     assert got["out"] == pushed["ref"]
+    assert got["refusal"] and "trust_remote_code=True" in got["refusal"]
 
 
 def _hub_reachable() -> bool:
