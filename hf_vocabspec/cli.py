@@ -88,6 +88,10 @@ def cmd_select(args) -> int:
 
 def cmd_trim(args) -> int:
     """count (or --counts) -> select -> trim -> save (-> push); prints a summary."""
+    if (args.bench_results or args.private or args.license) and not args.push_to_hub:
+        raise SystemExit("--bench-results / --private / --license only apply with --push-to-hub REPO_ID.")
+    if args.bench_results and not Path(args.bench_results).is_file():
+        raise SystemExit(f"--bench-results: no such file {args.bench_results!r} (the results.json of `hf-vocabspec bench`).")
     from .coverage import TokenCounts
     from .cost import measure_draft_latency
     from .drafter import trim_drafter

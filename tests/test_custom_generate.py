@@ -116,7 +116,11 @@ def test_cli_trim_push_to_hub_then_fresh_process_generates_identically(local_hub
     (root / "chat.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     cmd = [sys.executable, "-m", "hf_vocabspec.cli", "trim", "--drafter", str(root / "base"),
            "--target", str(pushed["root"] / "target"), "--dataset", str(root / "chat.jsonl"), "--k", "30",
-           "--dtype", "float32", "--output", str(root / "out"), "--push-to-hub", "user/cli-drafter"]
+           "--dtype", "float32", "--output", str(root / "out"), "--push-to-hub", "user/cli-drafter",
+           "--license", "mit", "--bench-results", str(root / "bench.json")]
+    bench = {"runs": [{"workload": "offline:sharegpt", "in_domain": True, "mode": "greedy", "methods": {
+        f"trimmed k={n}": {"kept_vocab": n, "acceptance_rate": n / 100} for n in range(30, 45)}}]}
+    (root / "bench.json").write_text(json.dumps(bench))
     env = {**os.environ, **client_env(local_hub, root / "hf-cache-cli")}
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -130,6 +134,7 @@ def test_cli_trim_push_to_hub_then_fresh_process_generates_identically(local_hub
     target = pushed["target"]
     ref = greedy(target, local)
     assert local.config.draft_vocab_size >= 30
+    assert "license: mit" in card and f"value: {local.config.draft_vocab_size / 100}" in card  # this size's bench row
 
     got = run_fresh(f"""
         import json, torch
