@@ -168,7 +168,8 @@ def test_custom_generate_drafter_kwarg_and_errors(pushed, tmp_path):
                           drafter=str(tmp_path / "other"), max_new_tokens=20, do_sample=False)
     assert out[0].tolist() == pushed["ref"]
     used = [d for m in _recipe_modules() for (name, *_), d in m._LOADED.items() if name == str(tmp_path / "other")]
-    assert used and used[0].config.draft_vocab_size == 27 + 3  # really the other drafter
+    assert used and used[0].config.draft_vocab_size == 27 + 3  # really the other drafter ...
+    assert used[0].last_speculation_stats is not None and used[0].last_speculation_stats.proposed > 0  # ... drafting
 
     with pytest.raises(ValueError, match="trust_remote_code=True"):  # transformers' own gate
         target.generate(torch.tensor(PROMPT), custom_generate=str(tmp_path / "d"), max_new_tokens=5)
