@@ -170,7 +170,7 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
         if not bool(torch.isfinite(self.rdk_weights).all()):
             raise VocabularyMapError(
                 "config.json announces an RDK kernel but the weights lack it (`rdk_weights` missing or corrupt). "
-                "Re-attach it with drafter.set_rdk_kernel(kernel) and save again, or drop it with set_rdk_kernel(None)."
+                + _RDK_KERNEL_FIX
             )
         return RDKKernel(self.d2t, self.rdk_targets, self.rdk_weights.float(), self.config.vocab_size,
                          self.config.rdk.get("method", "custom"), dict(self.config.rdk)).normalized()
@@ -284,12 +284,17 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
         if missing_rdk:
             raise VocabularyMapError(
                 f"config.json announces an RDK kernel but the weights lack {missing_rdk} (`rdk_weights`/`rdk_targets`). "
-                "Re-attach it with drafter.set_rdk_kernel(kernel) and save again, or drop it with set_rdk_kernel(None)."
+                + _RDK_KERNEL_FIX
             )
         model.validate_vocab_map()
         if model.config.rdk:
             model.rdk_kernel().validate()  # a kernel announced in config must be present and sound
         return (model, info) if want_info else model
+
+
+_RDK_KERNEL_FIX = (
+    "Re-attach it with drafter.set_rdk_kernel(kernel) and save again, or drop it with set_rdk_kernel(None)."
+)
 
 
 def _jsonable(info: dict) -> dict:

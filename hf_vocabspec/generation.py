@@ -259,7 +259,7 @@ class TrimmedCandidateGenerator(AssistedCandidateGenerator):
                 idx = logits.argmax(dim=-1, keepdim=True)
             if self.rdk is not None:
                 token = self.rdk.sample(idx)  # j ~ M[i]: the kept token or one of its pruned neighbours
-                self.stats.pruned_proposed += int(token.item() != int(drafter.d2t[idx].item()))
+                self.stats.pruned_proposed += int((token != drafter.d2t[idx]).item())
             else:
                 token = drafter.d2t[idx]  # (1, 1) target id
             drafted_ids.append(token)

@@ -279,7 +279,7 @@ def _candidate_targets(summ: dict, k: int, vocab: int, num_targets: int, d2t: to
     vals = (qv[:, :, None] * pv[:, None, :]).reshape(-1).double()
     keys = (qi[:, :, None] * vocab + pj[:, None, :]).reshape(-1)
     nz = vals > 0
-    keys, vals = _merge(None, [keys[nz]], [vals[nz]])
+    keys, vals = _coalesce(keys[nz], vals[nz])
     strong = vals >= min_support
     keys, vals = keys[strong], vals[strong]
     rows, cols = keys // vocab, keys % vocab
@@ -384,12 +384,11 @@ def fit_rdk_kernel(
     objective = _AcceptanceObjective(summ, targets, vocab)
     w = torch.zeros(k, num_targets + 1)
     w[:, 0] = 1
-    best_value, history = objective.value_and_grad(w)[0], []
+    best_value = objective.value_and_grad(w)[0]
     vanilla_value, best_w = best_value, w.clone()
     scale = objective.row_mass.clamp_min(1e-9)[:, None]
     for step in range(steps):
         value, grad = objective.value_and_grad(w)
-        history.append(value)
         if value > best_value:
             best_value, best_w = value, w.clone()
         w = _project_rows_to_simplex(w + (0.2 / (1 + step) ** 0.5) * grad / scale, allowed)
@@ -429,16 +428,10 @@ def fit_rdk_kernel(
     return kernel.validate()
 
 
-def _merge(co, keys: list, vals: list):
-    """Coalesce (key, value) pairs into unique keys with summed values; clears the input lists."""
-    if co is not None:
-        keys.append(co[0])
-        vals.append(co[1])
-    all_keys, all_vals = torch.cat(keys), torch.cat(vals)
-    keys.clear()
-    vals.clear()
-    uniq, inverse = torch.unique(all_keys, return_inverse=True)
-    summed = torch.zeros(uniq.numel(), dtype=torch.float64).index_add_(0, inverse, all_vals)
+def _coalesce(keys: torch.Tensor, vals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unique keys with their values summed (sparse co-occurrence accumulation)."""
+    uniq, inverse = torch.unique(keys, return_inverse=True)
+    summed = torch.zeros(uniq.numel(), dtype=torch.float64).index_add_(0, inverse, vals)
     return uniq, summed
 
 
