@@ -59,6 +59,10 @@ class TrimmedDrafterConfig(PreTrainedConfig):
     base_drafter: str | None = None
     selection: dict | None = None
     rdk: dict | None = None  # RDK kernel metadata (num_targets, method, fit info); None = no kernel
+    # Draft pruned tokens that already occur in the context (see generation.DraftVocabulary); the runtime
+    # switch is `drafter.use_context_tokens`, this is its default when the drafter is loaded.
+    context_tokens: bool = False
+    max_context_tokens: int = 2048
     tie_word_embeddings: bool = False
 
     def body_config(self) -> PreTrainedConfig:
@@ -129,6 +133,9 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
             self._register_rdk_buffers(int(config.rdk["num_targets"]))
         # Runtime switch for RDK sampling (only read when a kernel is attached and do_sample=True).
         self.use_rdk = bool((config.rdk or {}).get("enabled", True))
+        # Runtime switch for context tokens (greedy and sampling): pruned ids seen in the context get
+        # head rows on the fly from the (tied) embedding matrix, so the drafter can propose them.
+        self.use_context_tokens = bool(config.context_tokens)
         self.post_init()
 
     # --- RDK kernel (out-of-vocabulary sampling, see rdk.py) --------------------------------------------
@@ -228,6 +235,20 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
     def draft_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Logits over the KEPT vocabulary only (draft ids); the hot path of drafting."""
         return self._head_transform(self.lm_head(hidden_states))
+
+    @property
+    def supports_context_tokens(self) -> bool:
+        """Context tokens need the pruned tokens' head rows: the base must tie head and input embeddings."""
+        return bool((self.config.drafter_config or {}).get("tie_word_embeddings", False))
+
+    def context_head_rows(self, target_ids: torch.Tensor) -> torch.Tensor:
+        """Output-embedding rows of (pruned) target ids, read from the tied input embedding matrix."""
+        if not self.supports_context_tokens:
+            raise ValueError(
+                "Context tokens need the LM-head rows of pruned tokens, which this drafter no longer has: its base "
+                "model does not tie input and output embeddings. Switch them off: `drafter.use_context_tokens = False`."
+            )
+        return self.get_input_embeddings().weight[target_ids]
 
     def scatter_to_target(self, draft_logits: torch.Tensor, fill: float = float("-inf")) -> torch.Tensor:
         """Expand draft-space logits (..., K) to the full target vocabulary (..., V)."""

@@ -9,6 +9,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, StoppingCriteria, Stoppi
 from transformers.generation.streamers import BaseStreamer
 
 from hf_vocabspec import TrimmedDrafter, VocabularyMapError, trim_drafter
+from hf_vocabspec.generation import DraftVocabulary
 
 PROMPT = torch.tensor([[1, 6, 9, 14]])
 
@@ -102,13 +103,13 @@ def test_full_vocab_work_at_most_once_per_round(pair, monkeypatch):
     """Hot-path rule: the (1, L, V) q is built once per verification round under sampling, never under greedy."""
     target, drafter = pair
     calls = []
-    original = TrimmedDrafter.scatter_to_target
+    original = DraftVocabulary.scatter
 
     def counting(self, logits, fill=float("-inf")):
         calls.append(tuple(logits.shape))
         return original(self, logits, fill)
 
-    monkeypatch.setattr(TrimmedDrafter, "scatter_to_target", counting)
+    monkeypatch.setattr(DraftVocabulary, "scatter", counting)
     target.generate(PROMPT, max_new_tokens=20, assistant_model=drafter)
     assert calls == []
     torch.manual_seed(0)

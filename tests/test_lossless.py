@@ -23,6 +23,7 @@ from transformers.generation.logits_process import (
 )
 
 import hf_vocabspec
+from hf_vocabspec.generation import DraftVocabulary
 
 PVALUE_THRESHOLD = 1e-3
 N_DRAWS = 2000
@@ -58,14 +59,14 @@ def exact_marginals(target, prompt, knobs) -> tuple[torch.Tensor, torch.Tensor]:
     return p1, p1 @ p2_given
 
 
-def draw(target, drafter, knobs, n=N_DRAWS, seed=1234) -> torch.Tensor:
+def draw(target, drafter, knobs, n=N_DRAWS, seed=1234, prompt=PROMPT) -> torch.Tensor:
     torch.manual_seed(seed)
-    L = PROMPT.shape[1]
+    L = prompt.shape[1]
     out = torch.empty(n, 2, dtype=torch.long)
     for i in range(n):
         seq = target.generate(
-            PROMPT,
-            attention_mask=torch.ones_like(PROMPT),
+            prompt,
+            attention_mask=torch.ones_like(prompt),
             do_sample=True,
             max_new_tokens=3,
             min_new_tokens=3,
@@ -91,9 +92,9 @@ def chi2_pvalue(samples: torch.Tensor, probs: torch.Tensor) -> float:
     return float(stats.chisquare(obs.numpy(), exp.numpy()).pvalue)
 
 
-def check_lossless(target, drafter, knobs, pruned_probe: int | None = None) -> dict:
-    p1, p2 = exact_marginals(target, PROMPT, knobs)
-    samples = draw(target, drafter, knobs)
+def check_lossless(target, drafter, knobs, pruned_probe: int | None = None, prompt=PROMPT) -> dict:
+    p1, p2 = exact_marginals(target, prompt, knobs)
+    samples = draw(target, drafter, knobs, prompt=prompt)
     result = {"p_first": chi2_pvalue(samples[:, 0], p1), "p_second": chi2_pvalue(samples[:, 1], p2)}
     assert result["p_first"] >= PVALUE_THRESHOLD, result
     assert result["p_second"] >= PVALUE_THRESHOLD, result
@@ -152,14 +153,12 @@ def test_sampling_gemma3_sliding_window_softcap_is_lossless():
 def test_mismapped_q_is_detected(llama_pair, monkeypatch):
     """Power check: if q is scattered with a permuted map (q no longer the law drafts came from), fail."""
     target, drafter, probe = llama_pair
-    permuted = drafter.d2t.roll(1)
-
-    def wrong_scatter(draft_logits, fill=float("-inf")):
-        out = draft_logits.new_full((*draft_logits.shape[:-1], drafter.config.vocab_size), fill)
-        out[..., permuted] = draft_logits
+    def wrong_scatter(self, values, fill=float("-inf")):
+        out = values.new_full((*values.shape[:-1], drafter.config.vocab_size), fill)
+        out[..., self.ids.roll(1)] = values
         return out
 
-    monkeypatch.setattr(drafter, "scatter_to_target", wrong_scatter)
+    monkeypatch.setattr(DraftVocabulary, "scatter", wrong_scatter)
     with pytest.raises(AssertionError):
         check_lossless(target, drafter, {}, pruned_probe=probe)
 

@@ -1,0 +1,119 @@
+"""Context tokens: pruned ids already in the context are draftable, and output stays exactly the target's.
+
+Same statistical method as test_lossless.py (chi-square on the first two generated tokens against the
+exact target marginals, p >= 1e-3, 2,000 draws), on a Gemma-3-shaped model (tied embeddings, sliding
+window, softcapping) trimmed so that the target's likely next tokens are PRUNED but occur in the prompt.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_lossless import check_lossless
+from tiny import VOCAB, make_pair
+
+import hf_vocabspec
+from hf_vocabspec.generation import DraftVocabulary
+
+
+def context_pair(seed: int = 0):
+    """(target, drafter, prompt, probe): the target's top-3 first tokens are pruned and sit in the prompt."""
+    target, base = make_pair("gemma3", seed=seed, head_scale=12.0)
+    prompt = torch.tensor([[1, 5, 7, 12, 9]])
+    with torch.no_grad():
+        p1 = target(prompt).logits[0, -1].softmax(-1)
+    top = [t for t in p1.argsort(descending=True).tolist() if t > 2][:3]
+    prompt = torch.cat([prompt, torch.tensor([top])], dim=1)
+    with torch.no_grad():
+        p1 = target(prompt).logits[0, -1].softmax(-1)
+    probe = max((t for t in top), key=lambda t: float(p1[t]))
+    pruned = set(top) | set(range(40, VOCAB))
+    drafter = hf_vocabspec.trim_drafter(base, [t for t in range(VOCAB) if t not in pruned])
+    drafter.use_context_tokens = True
+    return target, drafter, prompt, probe
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return context_pair()
+
+
+def test_context_rows_score_like_the_untrimmed_model():
+    target, base = make_pair("gemma3", seed=1)
+    drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)))
+    vocab = DraftVocabulary(drafter, use_context=True, max_context=8)
+    vocab.update(torch.tensor([[1, 3, 5, 3, 4, 7, 9, 11, 13, 15, 17, 19, 21]]))
+    assert vocab.ids[vocab.k:].tolist() == [3, 5, 7, 9, 11, 13, 15, 17]  # odd ids are pruned; capped at 8
+    hidden = torch.randn(1, base.config.hidden_size)
+    full = base.lm_head(hidden)
+    full = torch.tanh(full / base.config.final_logit_softcapping) * base.config.final_logit_softcapping
+    torch.testing.assert_close(vocab.logits(hidden), full[:, vocab.ids])
+    vocab.update(torch.tensor([[1, 3, 5, 3, 4, 7, 9, 11, 13, 15, 17, 19, 21, 23]]))
+    assert vocab.num_context == 8  # full: nothing more is added
+
+
+def test_sampling_with_context_tokens_is_lossless(pair):
+    target, drafter, prompt, probe = pair
+    check_lossless(target, drafter, {"temperature": 0.9}, pruned_probe=probe, prompt=prompt)
+    proposed = 0
+    for seed in range(20):  # the drafter really proposes pruned tokens from the prompt
+        torch.manual_seed(seed)
+        target.generate(prompt, do_sample=True, temperature=0.9, max_new_tokens=3, assistant_model=drafter)
+        proposed += drafter.last_speculation_stats.context_proposed
+    assert proposed > 0
+
+
+def test_sampling_with_context_tokens_and_repetition_penalty_is_lossless(pair):
+    target, drafter, prompt, _ = pair
+    check_lossless(target, drafter, {"repetition_penalty": 1.5, "top_p": 0.95}, prompt=prompt)
+
+
+def test_wrong_q_for_context_tokens_is_detected(pair, monkeypatch):
+    """Power check: scatter the context tokens' q onto the wrong ids (kept part intact) -> must fail."""
+    target, drafter, prompt, probe = pair
+
+    def wrong_scatter(self, values, fill=float("-inf")):
+        out = values.new_full((*values.shape[:-1], drafter.config.vocab_size), fill)
+        ids = torch.cat([self.ids[: self.k], self.ids[self.k :].roll(1)])
+        out[..., ids] = values
+        return out
+
+    monkeypatch.setattr(DraftVocabulary, "scatter", wrong_scatter)
+    with pytest.raises(AssertionError):
+        check_lossless(target, drafter, {"temperature": 0.9}, pruned_probe=probe, prompt=prompt)
+
+
+def test_greedy_identical_and_context_tokens_are_drafted():
+    target, base = make_pair("gemma3", seed=3, head_scale=8.0)
+    drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)) + [3, 5])
+    g = torch.Generator().manual_seed(0)
+    stats = {False: [0, 0], True: [0, 0]}
+    for _ in range(12):
+        prompt = torch.randint(3, VOCAB, (1, int(torch.randint(4, 16, (1,), generator=g))), generator=g)
+        ref = target.generate(prompt, do_sample=False, max_new_tokens=40)
+        for on in (False, True):
+            drafter.use_context_tokens = on
+            out = target.generate(prompt, do_sample=False, max_new_tokens=40, assistant_model=drafter)
+            assert torch.equal(ref, out), (on, prompt, ref, out)
+            s = drafter.last_speculation_stats
+            stats[on][0] += s.accepted
+            stats[on][1] += s.context_proposed
+    assert stats[False][1] == 0 and stats[True][1] > 0
+    assert stats[True][0] > stats[False][0]  # repeats of pruned tokens get accepted now
+
+
+def test_untied_drafter_refuses_context_tokens_with_the_fix():
+    target, base = make_pair("llama")  # untied head: pruned rows are gone
+    drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)))
+    drafter.use_context_tokens = True
+    with pytest.raises(ValueError, match="use_context_tokens = False"):
+        target.generate(torch.tensor([[1, 5, 7]]), max_new_tokens=4, assistant_model=drafter)
+
+
+def test_context_tokens_round_trip_in_config(tmp_path):
+    _, base = make_pair("gemma3")
+    drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)))
+    drafter.config.context_tokens = True
+    drafter.save_pretrained(tmp_path)
+    loaded = hf_vocabspec.TrimmedDrafter.from_pretrained(tmp_path)
+    assert loaded.use_context_tokens and loaded.supports_context_tokens
