@@ -8,7 +8,7 @@ from tiny import VOCAB, make_pair
 from transformers import LlamaConfig, LlamaForCausalLM, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from hf_vocabspec import TrimmedDrafter, VocabularyMapError, trim_drafter
+from hf_vocabspec import VocabularyMapError, trim_drafter
 from hf_vocabspec.generation import DraftVocabulary
 
 PROMPT = torch.tensor([[1, 6, 9, 14]])
