@@ -315,6 +315,23 @@ def cmd_rdk_fit(args) -> int:
     return 0
 
 
+def cmd_acceptance(args) -> int:
+    from tqdm.auto import tqdm
+
+    from .acceptance import run_acceptance_report
+
+    report = run_acceptance_report(args.target, args.output, dataset=args.dataset, count_examples=args.count_examples,
+                                   levels=args.levels, conversations=args.conversations,
+                                   temperatures=args.temperatures, num_draft_tokens=args.num_assistant_tokens,
+                                   progress=lambda s: tqdm(s, desc="score"))
+    from .acceptance import format_acceptance
+
+    print(f"{report['positions']} held-out answer positions, {report['conversations']} conversations")
+    print(format_acceptance(report))
+    print(f"wrote {args.output}/results.json, results.md, acceptance_vs_vocab.png")
+    return 0
+
+
 def cmd_rdk_bench(args) -> int:
     from tqdm.auto import tqdm
 
@@ -440,6 +457,17 @@ def build_parser() -> argparse.ArgumentParser:
     rb.set_defaults(func=cmd_rdk_bench)
     return p
 
+
+    ac = sub.add_parser("acceptance", help="exact expected acceptance vs kept vocabulary: vanilla vs context tokens")
+    ac.add_argument("--target", default="offline:gemma-3-270m")
+    ac.add_argument("--dataset", default="offline:sharegpt")
+    ac.add_argument("--count-examples", type=int, default=4000)
+    ac.add_argument("--levels", type=float, nargs="+", default=[0.5, 0.75, 0.9, 0.95, 0.97], help="pruned shares")
+    ac.add_argument("--conversations", type=int, default=24, help="held-out conversations scored")
+    ac.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.7])
+    ac.add_argument("--num-assistant-tokens", type=int, default=5)
+    ac.add_argument("--output", default="results/acceptance")
+    ac.set_defaults(func=cmd_acceptance)
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
