@@ -1,12 +1,16 @@
-"""Side-by-side measurement of generation methods: tokens/s, acceptance, mean accepted length.
+"""Side-by-side measurement of generation methods: tokens/s, acceptance, mean accepted length, in-situ timing.
 
 Methods are interleaved prompt by prompt and repeated, so slow drifts of a noisy machine hit all methods
-alike; only ratios measured in the same run are reported as speedups.
+alike; only ratios measured in the same run are reported as speedups. Forward hooks time every target and
+drafter forward inside those same generate calls (no separate micro-benchmark), so the time split, step
+latencies and the zero-cost-drafter limit describe exactly the runs whose tokens/s are reported.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import platform
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -20,10 +24,15 @@ from .drafter import TrimmedDrafter
 
 @dataclass
 class Method:
-    """One way to generate: target only (assistant None), HF assisted, or a TrimmedDrafter."""
+    """One way to generate: target only (assistant None), HF assisted, or a TrimmedDrafter.
+
+    ``attrs`` are set on the assistant right before each of this method's generate calls and restored after,
+    so several methods can share one drafter with different runtime switches (``use_context_tokens``, ...).
+    """
 
     name: str
     assistant: torch.nn.Module | None = None
+    attrs: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -36,6 +45,12 @@ class MethodResult:
     accepted: int = 0
     tokens_per_s_runs: list[float] = field(default_factory=list)
     outputs: list[list[int]] = field(default_factory=list)
+    speculative: bool = False
+    # In-situ forward timing (ForwardTimer): prefill totals, and one entry per later step.
+    target_prefill_seconds: float = 0.0
+    drafter_prefill_seconds: float = 0.0
+    target_step_s: list[float] = field(default_factory=list)  # verify forwards (target only: decode forwards)
+    draft_step_s: list[float] = field(default_factory=list)  # one per drafted token: body + head
 
     @property
     def tokens_per_s(self) -> float:
@@ -49,15 +64,191 @@ class MethodResult:
     def mean_accepted_length(self) -> float | None:
         return 1.0 + self.accepted / self.rounds if self.rounds else None
 
+    @property
+    def target_seconds(self) -> float:
+        return self.target_prefill_seconds + sum(self.target_step_s)
+
+    @property
+    def drafter_seconds(self) -> float:
+        return self.drafter_prefill_seconds + sum(self.draft_step_s)
+
+    @property
+    def other_seconds(self) -> float:
+        """Everything outside model forwards: HF's loop, logits processing, draft sampling, bookkeeping."""
+        return self.seconds - self.target_seconds - self.drafter_seconds
+
+    @property
+    def target_step_ms(self) -> float | None:
+        """Median target forward after prefill: a verify step, or a decode step for target only."""
+        return statistics.median(self.target_step_s) * 1e3 if self.target_step_s else None
+
+    @property
+    def draft_step_ms(self) -> float | None:
+        """Median drafter forward per drafted token."""
+        return statistics.median(self.draft_step_s) * 1e3 if self.draft_step_s else None
+
+    @property
+    def zero_cost_limit_tokens_per_s(self) -> float | None:
+        """tokens/s if everything but the target's forwards (prefill included) were free, at this acceptance.
+
+        Measured, not modelled: new tokens / seconds in target forwards. It drops the drafter AND the
+        framework's per-round overhead, so it is an upper bound of what a faster drafter can reach.
+        """
+        return self.new_tokens / self.target_seconds if self.speculative and self.target_seconds else None
+
+    @property
+    def share_of_zero_cost_limit(self) -> float | None:
+        """Measured tokens/s / zero-cost limit = share of the time spent in target forwards."""
+        limit = self.zero_cost_limit_tokens_per_s
+        return self.tokens_per_s / limit if limit else None
+
     def to_dict(self) -> dict:
         d = asdict(self)
-        d.pop("outputs")
+        for key in ("outputs", "target_step_s", "draft_step_s"):
+            d.pop(key)
         d.update(tokens_per_s=self.tokens_per_s, acceptance_rate=self.acceptance_rate,
-                 mean_accepted_length=self.mean_accepted_length)
+                 mean_accepted_length=self.mean_accepted_length, target_seconds=self.target_seconds,
+                 drafter_seconds=self.drafter_seconds, other_seconds=self.other_seconds,
+                 target_steps=len(self.target_step_s), draft_steps=len(self.draft_step_s),
+                 verify_step_ms=self.target_step_ms if self.speculative else None,
+                 decode_step_ms=None if self.speculative else self.target_step_ms,
+                 draft_step_ms=self.draft_step_ms, zero_cost_limit_tokens_per_s=self.zero_cost_limit_tokens_per_s,
+                 share_of_zero_cost_limit=self.share_of_zero_cost_limit)
         if len(self.tokens_per_s_runs) > 1:
             d["tokens_per_s_median"] = statistics.median(self.tokens_per_s_runs)
             d["tokens_per_s_spread"] = max(self.tokens_per_s_runs) - min(self.tokens_per_s_runs)
         return d
+
+
+def speculation_vs_target(r: MethodResult, base: MethodResult) -> dict:
+    """Zero-cost-drafter limit vs target only, and the analytic expected speedup (same run).
+
+    ``zero_cost_limit_speedup_vs_target`` = zero-cost limit / measured target-only tokens/s, so that
+    measured speedup = limit speedup x ``share_of_zero_cost_limit``.
+
+    ``expected_speedup_theory``: Leviathan et al. (2023), (1 - a^(L+1)) / ((1 - a)(L c + 1)), with L the mean
+    drafts per round, c = draft step / verify step (measured medians), times decode step / verify step
+    because the formula counts time in verify steps while target only pays (cheaper) decode steps. ``a`` is
+    the i.i.d. per-token acceptance whose expected tokens per round (1 - a^(L+1)) / (1 - a) equals the measured
+    tau: accepted / proposed is not that a (at a = 0.8, L = 5 it reads 0.54), and plugging it in would
+    predict a tau the run did not have. With that a the formula is tau / (L c + 1) x decode / verify.
+    """
+    limit = r.zero_cost_limit_tokens_per_s
+    out = {"zero_cost_limit_speedup_vs_target": limit / base.tokens_per_s if limit and base.tokens_per_s else None,
+           "draft_verify_cost_ratio": None, "acceptance_iid": None, "expected_speedup_theory": None}
+    verify, draft, decode, tau = r.target_step_ms, r.draft_step_ms, base.target_step_ms, r.mean_accepted_length
+    if None in (verify, draft, decode, tau) or not r.rounds:
+        return out
+    drafts = r.proposed / r.rounds
+    c = draft / verify
+    out.update(draft_verify_cost_ratio=c, acceptance_iid=_iid_acceptance(tau, drafts),
+               expected_speedup_theory=tau / (drafts * c + 1) * decode / verify)
+    return out
+
+
+def _iid_acceptance(tau: float, drafts: float) -> float:
+    """a with (1 - a^(L+1)) / (1 - a) = tau (increasing in a on [0, 1]), by bisection."""
+    lo, hi = 0.0, 1.0
+    for _ in range(50):
+        a = (lo + hi) / 2
+        if (1 - a ** (drafts + 1)) / (1 - a) < tau:
+            lo = a
+        else:
+            hi = a
+    return (lo + hi) / 2
+
+
+class ForwardTimer:
+    """Wall time of every target and drafter forward inside generate, split into prefill and steps.
+
+    Prefill rule: the first forward of each model within one generate call is its prefill (it carries the
+    whole prompt; in assisted decoding the target's first forward also verifies the first round's drafts).
+    Every later forward of HF's loops and of our draft loop only feeds tokens produced since that model's
+    previous forward (at most num_assistant_tokens + 1), so it is a step whatever the draft schedule; a
+    token-count threshold would misfile verify steps once a heuristic schedule grows the draft length.
+    A TrimmedDrafter draft step is its body forward plus the trimmed head that follows it (context-token
+    rows, draft-space processors and sampling are no module calls: they count as "other"); an HF
+    assistant's step is its whole forward. Each drafter forward yields one drafted token.
+    """
+
+    def __init__(self, target: torch.nn.Module, assistants: Sequence[torch.nn.Module]):
+        self.result: MethodResult | None = None
+        self._handles: list = []
+        self._started: dict[str, float] = {}
+        self._seen: set[str] = set()
+        self._drafting_prefill = False
+        cuda = next(target.parameters()).is_cuda
+        self._sync = torch.cuda.synchronize if cuda else (lambda: None)  # CUDA forwards return before they finish
+        self._hook(target, "target")
+        for a in {id(a): a for a in assistants}.values():
+            if isinstance(a, TrimmedDrafter):
+                self._hook(a.model, "draft")
+                self._hook(a.lm_head, "head")
+            else:
+                self._hook(a, "draft")
+
+    def _hook(self, module: torch.nn.Module, role: str) -> None:
+        def pre(_module, _args):
+            if self.result is not None:
+                self._sync()
+                self._started[role] = time.perf_counter()
+
+        def post(_module, _args, _output):
+            if self.result is not None:
+                self._sync()
+                self._record(role, time.perf_counter() - self._started.pop(role))
+
+        self._handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+
+    def _record(self, role: str, dt: float) -> None:
+        r = self.result
+        first = role not in self._seen
+        self._seen.add(role)
+        if role == "target":
+            if first:
+                r.target_prefill_seconds += dt
+            else:
+                r.target_step_s.append(dt)
+        elif role == "draft":
+            self._drafting_prefill = first
+            if first:
+                r.drafter_prefill_seconds += dt
+            else:
+                r.draft_step_s.append(dt)
+        elif self._drafting_prefill:  # the head of the prefill forward's draft
+            r.drafter_prefill_seconds += dt
+        else:
+            r.draft_step_s[-1] += dt
+
+    @contextlib.contextmanager
+    def timing(self, result: MethodResult) -> Iterator[None]:
+        """Attribute the forwards of one generate call to ``result``."""
+        self.result, self._seen = result, set()
+        try:
+            yield
+        finally:
+            self.result = None
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+@contextlib.contextmanager
+def applied_attrs(module: torch.nn.Module | None, attrs: dict) -> Iterator[None]:
+    """Set a method's runtime switches on its assistant for one generate call; restore (or delete) them after."""
+    missing = object()
+    saved = {k: getattr(module, k, missing) for k in attrs}
+    for k, v in attrs.items():
+        setattr(module, k, v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is missing:
+                delattr(module, k)
+            else:
+                setattr(module, k, v)
 
 
 @contextlib.contextmanager
@@ -91,60 +282,122 @@ def compare_methods(
     progress: Callable | None = None,
     seed: int = 0,
 ) -> dict[str, MethodResult]:
-    """Generate every prompt with every method (interleaved), ``repeats`` times; return per-method totals."""
+    """Generate every prompt with every method (interleaved), ``repeats`` times; return per-method totals.
+
+    Each generate call is also timed forward by forward (:class:`ForwardTimer`), with the method's ``attrs``
+    set on its assistant for that call only.
+    """
     generate_kwargs = dict(generate_kwargs or {})
-    results = {m.name: MethodResult(m.name) for m in methods}
+    results = {m.name: MethodResult(m.name, speculative=m.assistant is not None) for m in methods}
     steps = [(r, i, m) for r in range(repeats) for i in range(len(prompts)) for m in methods]
     per_run = {(m.name, r): [0, 0.0] for m in methods for r in range(repeats)}
     iterator = progress(steps) if progress else steps
-    # warm-up: first calls pay one-off allocation costs
-    for m in methods:
-        target.generate(prompts[0], max_new_tokens=4, assistant_model=m.assistant, **generate_kwargs)
-    for r, i, m in iterator:
-        ids = prompts[i]
-        torch.manual_seed(seed + i)
-        with count_hf_acceptance() as hf_counts:
-            t0 = time.perf_counter()
-            out = target.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                assistant_model=m.assistant, **generate_kwargs,
-            )
-            dt = time.perf_counter() - t0
-        res = results[m.name]
-        n_new = out.shape[1] - ids.shape[1]
-        res.new_tokens += n_new
-        res.seconds += dt
-        per_run[(m.name, r)][0] += n_new
-        per_run[(m.name, r)][1] += dt
-        if r == 0:
-            res.outputs.append(out[0, ids.shape[1]:].tolist())
-        if isinstance(m.assistant, TrimmedDrafter):
-            stats = m.assistant.last_speculation_stats
-            res.rounds += stats.rounds
-            res.proposed += stats.proposed
-            res.accepted += stats.accepted
-        elif m.assistant is not None:
-            res.rounds += hf_counts["rounds"]
-            res.proposed += hf_counts["proposed"]
-            res.accepted += hf_counts["accepted"]
+    timer = ForwardTimer(target, [m.assistant for m in methods if m.assistant is not None])
+    try:
+        # warm-up (untimed): first calls pay one-off allocation costs
+        for m in methods:
+            with applied_attrs(m.assistant, m.attrs):
+                target.generate(prompts[0], attention_mask=torch.ones_like(prompts[0]), max_new_tokens=4,
+                                assistant_model=m.assistant, **generate_kwargs)
+        for r, i, m in iterator:
+            ids = prompts[i]
+            res = results[m.name]
+            torch.manual_seed(seed + i)
+            with applied_attrs(m.assistant, m.attrs), count_hf_acceptance() as hf_counts, timer.timing(res):
+                t0 = time.perf_counter()
+                out = target.generate(
+                    ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                    assistant_model=m.assistant, **generate_kwargs,
+                )
+                dt = time.perf_counter() - t0
+            n_new = out.shape[1] - ids.shape[1]
+            res.new_tokens += n_new
+            res.seconds += dt
+            per_run[(m.name, r)][0] += n_new
+            per_run[(m.name, r)][1] += dt
+            if r == 0:
+                res.outputs.append(out[0, ids.shape[1]:].tolist())
+            if isinstance(m.assistant, TrimmedDrafter):
+                stats = m.assistant.last_speculation_stats
+                res.rounds += stats.rounds
+                res.proposed += stats.proposed
+                res.accepted += stats.accepted
+            elif m.assistant is not None:
+                res.rounds += hf_counts["rounds"]
+                res.proposed += hf_counts["proposed"]
+                res.accepted += hf_counts["accepted"]
+    finally:
+        timer.remove()
     for (name, _r), (n, dt) in per_run.items():
         results[name].tokens_per_s_runs.append(n / dt if dt else 0.0)
     return results
 
 
+def _ms(value: float | None) -> str:
+    return f"{value:.1f}" if value is not None else "-"
+
+
+def _x(value: float | None) -> str:
+    return f"{value:.2f}x" if value is not None else "-"
+
+
+def _pct(value: float | None) -> str:
+    return f"{value:.0%}" if value is not None else "-"
+
+
+def _time_split(row: dict) -> str:
+    """Shares of wall time in target forwards / drafter forwards / everything else."""
+    total = row["seconds"]
+    if not total or "target_seconds" not in row:  # reports written before in-situ timing
+        return "-"
+    return "/".join(f"{row[k] / total:.0%}" for k in ("target_seconds", "drafter_seconds", "other_seconds"))
+
+
+def method_rows(results: dict[str, MethodResult], baseline: str = "target only",
+                hf_assisted: str | None = None) -> dict[str, dict]:
+    """JSON rows: each method's totals and timing, speedups vs ``baseline`` (and ``hf_assisted``), zero-cost limit."""
+    base = results[baseline]
+    rows = {}
+    for name, r in results.items():
+        row = r.to_dict()
+        row["speedup_vs_target"] = _median_ratio(r, base)
+        if hf_assisted is not None:
+            row["speedup_vs_hf_assisted"] = _median_ratio(r, results[hf_assisted])
+        if r.speculative:
+            row.update(speculation_vs_target(r, base))
+        rows[name] = row
+    return rows
+
+
+_TIMING_HEAD = ("verify ms | draft ms/token | time target/draft/other | zero-cost limit (x target) | share of limit | "
+                "theory (x target)")
+_TIMING_NOTE = ("verify ms: median target forward per verify round (target only: per decode step, marked d); "
+                "draft ms/token: median drafter forward per drafted token; zero-cost limit: tokens/s if only the "
+                "target's forwards cost time, over target-only tokens/s; share of limit: measured / limit; theory: "
+                "Leviathan et al. expected speedup from tau and the measured step costs.")
+
+
+def _timing_cells(row: dict) -> str:
+    verify = _ms(row.get("verify_step_ms")) if row.get("speculative", True) else f"{_ms(row['decode_step_ms'])} d"
+    return (f"{verify} | {_ms(row.get('draft_step_ms'))} | {_time_split(row)} | "
+            f"{_x(row.get('zero_cost_limit_speedup_vs_target'))} | {_pct(row.get('share_of_zero_cost_limit'))} | "
+            f"{_x(row.get('expected_speedup_theory'))}")
+
+
 def format_table(results: dict[str, MethodResult], baseline: str | None = None) -> str:
     """Markdown table; speedups are relative to ``baseline`` (same run)."""
     base = results[baseline].tokens_per_s if baseline else None
+    rows = method_rows(results, baseline) if baseline else {n: r.to_dict() for n, r in results.items()}
     lines = [
-        "| method | tokens/s | speedup | acceptance | mean accepted length (tau) |",
-        "|---|---|---|---|---|",
+        f"| method | tokens/s | speedup | acceptance | mean accepted length (tau) | {_TIMING_HEAD} |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results.values():
         acc = f"{r.acceptance_rate:.1%}" if r.acceptance_rate is not None else "-"
         tau = f"{r.mean_accepted_length:.2f}" if r.mean_accepted_length is not None else "-"
         speed = f"{r.tokens_per_s / base:.2f}x" if base else "-"
-        lines.append(f"| {r.name} | {r.tokens_per_s:.1f} | {speed} | {acc} | {tau} |")
-    return "\n".join(lines)
+        lines.append(f"| {r.name} | {r.tokens_per_s:.1f} | {speed} | {acc} | {tau} | {_timing_cells(rows[r.name])} |")
+    return "\n".join(lines) + f"\n\n{_TIMING_NOTE}"
 
 
 @dataclass
@@ -165,6 +418,7 @@ class BenchConfig:
     answer_prefix_tokens: int = 32
     repeats: int = 2
     num_assistant_tokens: int = 5
+    context_tokens: bool = False  # also run every trimmed k with drafter.use_context_tokens = True
 
 
 _MODES = {"greedy": {"do_sample": False}, "t0.7": {"do_sample": True, "temperature": 0.7, "top_k": 0},
@@ -194,20 +448,23 @@ def run_benchmark(cfg: BenchConfig, out_dir, progress: Callable | None = None) -
     gen.num_assistant_tokens, gen.num_assistant_tokens_schedule = cfg.num_assistant_tokens, "constant"
     gen.assistant_confidence_threshold = 0.0
     methods = [Method("target only"), Method("HF assisted (untrimmed)", full)]
-    kept = {}
+    trimmed = []
     sizes = [counts.smallest_k_for_coverage(c) for c in cfg.coverages] + list(cfg.ks)
     for k in sorted(set(sizes)):
         d = trim_drafter(load_model(drafter_name, dtype=dtype), counts.top_k(k), tokenizer=tokenizer)
         d.generation_config.num_assistant_tokens = cfg.num_assistant_tokens
-        kept[f"trimmed k={d.config.draft_vocab_size}"] = d
-        methods.append(Method(f"trimmed k={d.config.draft_vocab_size}", d))
+        name = f"trimmed k={d.config.draft_vocab_size}"
+        trimmed.append(d)
+        methods.append(Method(name, d, attrs={"use_context_tokens": False}))
+        if cfg.context_tokens:  # same drafter object, switch flipped per generate call
+            methods.append(Method(f"{name} +context", d, attrs={"use_context_tokens": True}))
 
     from .cost import measure_draft_latency
 
-    curve = measure_draft_latency(full, sorted({d.config.draft_vocab_size for d in kept.values()} | {len(tokenizer)}))
+    curve = measure_draft_latency(full, sorted({d.config.draft_vocab_size for d in trimmed} | {len(tokenizer)}))
     curve.plot(out / "draft_latency_vs_vocab.png")
-    report = {"config": asdict(cfg), "date": time.strftime("%Y-%m-%d"), "torch_threads": torch.get_num_threads(),
-              "full_vocab": len(tokenizer), "draft_step_latency": curve.to_dict(), "runs": []}
+    report = {"config": asdict(cfg), "machine": machine_info(), "full_vocab": len(tokenizer),
+              "draft_step_latency": curve.to_dict(), "runs": []}
     for workload in cfg.workloads:
         ds = vocab_ds if workload == cfg.vocab_dataset else load_chat_dataset(workload)
         start = n_count if workload == cfg.vocab_dataset else 0
@@ -217,17 +474,13 @@ def run_benchmark(cfg: BenchConfig, out_dir, progress: Callable | None = None) -
         for mode in cfg.modes:
             res = compare_methods(target, methods, prompts, max_new_tokens=cfg.max_new_tokens, repeats=cfg.repeats,
                                   generate_kwargs=_MODES[mode], progress=progress)
+            rows = method_rows(res, "target only", "HF assisted (untrimmed)")
+            for m in methods:
+                if isinstance(m.assistant, TrimmedDrafter):
+                    rows[m.name].update(kept_vocab=m.assistant.config.draft_vocab_size,
+                                        eval_coverage=eval_counts.coverage_of(m.assistant.d2t),
+                                        context_tokens=bool(m.attrs.get("use_context_tokens")))
             base = res["target only"]
-            hf = res["HF assisted (untrimmed)"]
-            rows = {}
-            for name, r in res.items():
-                row = r.to_dict()
-                row["speedup_vs_target"] = _median_ratio(r, base)
-                row["speedup_vs_hf_assisted"] = _median_ratio(r, hf)
-                if name in kept:
-                    row["kept_vocab"] = kept[name].config.draft_vocab_size
-                    row["eval_coverage"] = eval_counts.coverage_of(kept[name].d2t)
-                rows[name] = row
             identical = all(res[m.name].outputs == base.outputs for m in methods) if mode == "greedy" else None
             report["runs"].append({"workload": workload, "in_domain": workload == cfg.vocab_dataset, "mode": mode,
                                    "prompts": len(prompts), "methods": rows, "greedy_identical": identical})
@@ -245,14 +498,30 @@ def _median_ratio(r: MethodResult, base: MethodResult) -> dict:
     return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
 
 
+def machine_info() -> dict:
+    """Where the numbers were taken: timings only compare within one machine, thread count and library set."""
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    return {"cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M")}
+
+
 def format_report(report: dict) -> str:
-    lat = report.get("draft_step_latency")
     head = ""
+    if mach := report.get("machine"):
+        head = (f"Machine: {mach['cpu']} ({mach['cpu_count']} cores), {mach['torch_threads']} torch threads, "
+                f"torch {mach['torch']}, transformers {mach['transformers']}, {mach['date']}\n\n")
+    lat = report.get("draft_step_latency")
     if lat:
         steps = ", ".join(f"k={k:,}: {t * 1e3:.1f} ms" for k, t in zip(lat["ks"], lat["seconds"]))
-        head = f"Draft step ({lat['dtype']}, context {lat['context_length']}): {steps}; body-only floor {lat['floor_seconds'] * 1e3:.1f} ms\n\n"
+        head += f"Draft step ({lat['dtype']}, context {lat['context_length']}): {steps}; body-only floor {lat['floor_seconds'] * 1e3:.1f} ms\n\n"
     lines = ["| workload | mode | method | kept vocab | eval coverage | tokens/s | vs target | vs HF assisted | "
-             "acceptance | tau |", "|---|---|---|---|---|---|---|---|---|---|"]
+             f"acceptance | tau | {_TIMING_HEAD} |", "|---" * 16 + "|"]
     for run in report["runs"]:
         dom = "in-domain" if run["in_domain"] else "out-of-domain"
         for name, row in run["methods"].items():
@@ -263,8 +532,8 @@ def format_report(report: dict) -> str:
             kv = f"{row['kept_vocab']:,}" if "kept_vocab" in row else ("full" if "HF" in name else "-")
             cov = f"{row['eval_coverage']:.1%}" if "eval_coverage" in row else "-"
             lines.append(f"| {run['workload']} ({dom}) | {run['mode']} | {name} | {kv} | {cov} | "
-                         f"{row['tokens_per_s']:.2f} | {fmt(vs_t)} | {fmt(vs_h)} | {acc} | {tau} |")
-    return head + "\n".join(lines) + "\n"
+                         f"{row['tokens_per_s']:.2f} | {fmt(vs_t)} | {fmt(vs_h)} | {acc} | {tau} | {_timing_cells(row)} |")
+    return head + "\n".join(lines) + f"\n\n{_TIMING_NOTE}\n"
 
 
 def plot_report(report: dict, out_dir) -> None:
@@ -277,11 +546,16 @@ def plot_report(report: dict, out_dir) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for run in report["runs"]:
         label = f"{run['workload'].removeprefix('offline:')} {run['mode']}"
-        pts = sorted((row.get("kept_vocab", report["full_vocab"]), row["tokens_per_s"], row["mean_accepted_length"])
-                     for name, row in run["methods"].items() if name != "target only")
-        ks = [p[0] for p in pts]
-        axes[0].plot(ks, [p[1] for p in pts], "o-", label=label)
-        axes[1].plot(ks, [p[2] for p in pts], "o-", label=label)
+        for context in (False, True):  # one line per switch: both share the kept sizes
+            pts = sorted((row.get("kept_vocab", report["full_vocab"]), row["tokens_per_s"],
+                          row["mean_accepted_length"]) for name, row in run["methods"].items()
+                         if name != "target only" and row.get("context_tokens", False) == context)
+            if context and not pts:
+                continue
+            ks = [p[0] for p in pts]
+            style, tag = ("x--", " +context") if context else ("o-", "")
+            axes[0].plot(ks, [p[1] for p in pts], style, label=label + tag)
+            axes[1].plot(ks, [p[2] for p in pts], style, label=label + tag)
         axes[0].axhline(run["methods"]["target only"]["tokens_per_s"], ls=":", lw=1, color="gray")
     for ax, yl in zip(axes, ("tokens/s (dotted: target only)", "mean accepted length tau")):
         ax.set_xscale("log")

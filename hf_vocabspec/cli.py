@@ -261,7 +261,7 @@ def cmd_bench(args) -> int:
         target=args.target, drafter=args.drafter, drafter_dtype=args.drafter_dtype, vocab_dataset=args.dataset,
         count_examples=args.count_examples, coverages=tuple(args.coverages), ks=tuple(args.ks), workloads=tuple(args.workloads),
         modes=tuple(args.modes), prompts=args.prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-        num_assistant_tokens=args.num_assistant_tokens,
+        num_assistant_tokens=args.num_assistant_tokens, context_tokens=args.context_tokens,
     )
     report = run_benchmark(cfg, args.output, progress=lambda s: tqdm(s, desc="generate"))
     from .benchmark import format_report
@@ -423,6 +423,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-new-tokens", type=int, default=48)
     b.add_argument("--repeats", type=int, default=2)
     b.add_argument("--num-assistant-tokens", type=int, default=5)
+    b.add_argument("--context-tokens", action="store_true",
+                   help="also run every trimmed k with context tokens on (same drafter, method 'trimmed k=K +context')")
     b.add_argument("--output", default="results/bench")
     b.set_defaults(func=cmd_bench)
 

@@ -1,0 +1,128 @@
+"""compare_methods on tiny models: counts, in-situ forward timing, zero-cost limit, Method.attrs, reports."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny import VOCAB, make_pair
+
+from hf_vocabspec import trim_drafter
+from hf_vocabspec.benchmark import (
+    Method,
+    _iid_acceptance,
+    applied_attrs,
+    compare_methods,
+    format_report,
+    format_table,
+    machine_info,
+    method_rows,
+)
+from hf_vocabspec.cli import build_parser
+
+PROMPTS = [torch.tensor([[1, 6, 9, 14, 50, 55]]), torch.tensor([[1, 20, 21, 60, 3]])]  # 50, 55, 60 are pruned
+REPEATS = 2
+NEW_COLUMNS = ("verify ms", "draft ms/token", "time target/draft/other", "zero-cost limit (x target)",
+               "share of limit", "theory (x target)")
+
+
+def _assistant_config(model) -> None:
+    gen = model.generation_config
+    gen.num_assistant_tokens, gen.num_assistant_tokens_schedule, gen.assistant_confidence_threshold = 4, "constant", 0.0
+
+
+@pytest.fixture(scope="module")
+def run():
+    """One interleaved run of target only, HF assisted, and one trimmed drafter shared by two switch settings."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny forwards: threads only add contention noise on a shared CPU
+    target, base = make_pair("gemma3", seed=3, head_scale=8.0)  # tied embeddings: context tokens supported
+    _, plain = make_pair("gemma3", seed=3, head_scale=8.0)
+    _assistant_config(plain)
+    drafter = trim_drafter(base, range(VOCAB - 12))
+    drafter.generation_config.num_assistant_tokens = 4
+    seen = []  # (use_context_tokens, probe) as the drafter body sees them during generate
+    hook = drafter.model.register_forward_pre_hook(
+        lambda *_: seen.append((drafter.use_context_tokens, getattr(drafter, "probe", None))))
+    methods = [Method("target only"), Method("HF assisted", plain),
+               Method("trimmed", drafter, attrs={"use_context_tokens": False}),
+               Method("trimmed +context", drafter, attrs={"use_context_tokens": True, "probe": "ctx"})]
+    try:
+        results = compare_methods(target, methods, PROMPTS, max_new_tokens=20, repeats=REPEATS,
+                                  generate_kwargs={"do_sample": False})
+    finally:
+        hook.remove()
+        torch.set_num_threads(threads)
+    return results, drafter, seen
+
+
+def test_counts_are_consistent_and_greedy_outputs_identical(run):
+    results, _, _ = run
+    calls = REPEATS * len(PROMPTS)
+    ref = results["target only"].outputs
+    for name, r in results.items():
+        assert r.outputs == ref, name
+        assert r.new_tokens == REPEATS * sum(len(o) for o in r.outputs) > 0
+        if not r.speculative:
+            assert len(r.target_step_s) + calls == r.new_tokens  # prefill yields the first token, one decode per other
+            continue
+        assert r.rounds > 0 and 0 < r.accepted <= r.proposed
+        assert len(r.target_step_s) + calls == r.rounds  # one verify forward per round, the first is the prefill
+        assert len(r.draft_step_s) + calls == r.proposed  # one drafter forward per drafted token
+
+
+def test_timing_fields_and_zero_cost_limit(run):
+    results, _, _ = run
+    base = results["target only"]
+    rows = method_rows(results, "target only", "HF assisted")
+    for name, r in results.items():
+        assert r.target_prefill_seconds > 0 and all(t > 0 for t in r.target_step_s)
+        assert r.other_seconds > 0 and r.target_seconds + r.drafter_seconds < r.seconds
+        row = rows[name]
+        if not r.speculative:
+            assert row["decode_step_ms"] > 0 and row["verify_step_ms"] is None and r.drafter_seconds == 0
+            assert row["zero_cost_limit_tokens_per_s"] is None
+            continue
+        assert r.drafter_prefill_seconds > 0 and all(t > 0 for t in r.draft_step_s)
+        assert row["verify_step_ms"] > 0 and row["draft_step_ms"] > 0 and row["decode_step_ms"] is None
+        assert 0 < row["share_of_zero_cost_limit"] <= 1.5
+        assert row["zero_cost_limit_tokens_per_s"] > r.tokens_per_s
+        # measured speedup = limit speedup x share of the limit
+        assert row["zero_cost_limit_speedup_vs_target"] * row["share_of_zero_cost_limit"] == pytest.approx(
+            r.tokens_per_s / base.tokens_per_s)
+        assert row["expected_speedup_theory"] > 0 and 0 < row["acceptance_iid"] <= 1
+        assert row["draft_verify_cost_ratio"] == pytest.approx(r.draft_step_ms / r.target_step_ms)
+
+
+def test_method_attrs_apply_during_generate_and_are_restored(run):
+    _, drafter, seen = run
+    assert set(seen) == {(False, None), (True, "ctx")}
+    assert drafter.use_context_tokens is False and not hasattr(drafter, "probe")
+    with pytest.raises(RuntimeError), applied_attrs(drafter, {"use_context_tokens": True, "probe": 1}):
+        raise RuntimeError
+    assert drafter.use_context_tokens is False and not hasattr(drafter, "probe")
+
+
+def test_reports_show_timing_columns_and_machine(run):
+    results, _, _ = run
+    table = format_table(results, baseline="target only")
+    assert all(col in table for col in NEW_COLUMNS) and "| target only |" in table
+    report = {"machine": machine_info(), "runs": [{"workload": "tiny", "in_domain": True, "mode": "greedy",
+                                                   "methods": method_rows(results, "target only", "HF assisted")}]}
+    md = format_report(report)
+    header = md.splitlines()[0]
+    assert header.startswith("Machine: ") and f"torch {torch.__version__}" in header and "torch threads" in header
+    assert all(col in md for col in NEW_COLUMNS) and "| trimmed +context |" in md
+    assert md.count("| tiny (in-domain) |") == len(results)
+
+
+def test_iid_acceptance_inverts_expected_tokens_per_round():
+    a, drafts = 0.8, 5
+    tau = (1 - a ** (drafts + 1)) / (1 - a)
+    assert _iid_acceptance(tau, drafts) == pytest.approx(a, abs=1e-9)
+    assert _iid_acceptance(drafts + 1, drafts) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_bench_cli_context_tokens_flag():
+    parser = build_parser()
+    assert parser.parse_args(["bench", "--context-tokens"]).context_tokens is True
+    assert parser.parse_args(["bench", "--target", "offline:smollm2-135m-instruct"]).context_tokens is False
