@@ -162,7 +162,13 @@ def _pareto_rows(points: list[dict] | None, chosen_k: int | None, limit: int = 1
     return rows
 
 
-def eval_results_from_benchmark(report: dict | str | os.PathLike, kept_vocab: int | None = None) -> list[dict]:
+def _kept_vocab(name: str, row: dict) -> int:
+    """A bench row's kept size: its ``kept_vocab`` field, else the K of its name ``trimmed k=K[ +context]``."""
+    return int(row["kept_vocab"]) if row.get("kept_vocab") is not None else int(name.split("=")[1].split()[0])
+
+
+def eval_results_from_benchmark(report: dict | str | os.PathLike, kept_vocab: int | None = None,
+                                context_tokens: bool = False) -> list[dict]:
     """Eval-result rows (for :func:`push_drafter_to_hub`) from an ``hf-vocabspec bench`` ``results.json``.
 
     Takes the ``trimmed k=<kept_vocab>`` method (the only trimmed one when ``kept_vocab`` is None) of every
@@ -174,9 +180,11 @@ def eval_results_from_benchmark(report: dict | str | os.PathLike, kept_vocab: in
     rows = []
     for run in report.get("runs", []):
         methods = run.get("methods", {})
-        trimmed = {n: m for n, m in methods.items() if n.startswith("trimmed k=")}
+        # "+context" rows are the same drafter with context tokens on: take the rows matching how it ships
+        trimmed = {n: m for n, m in methods.items()
+                   if n.startswith("trimmed k=") and bool(m.get("context_tokens")) == context_tokens}
         if kept_vocab is not None:
-            trimmed = {n: m for n, m in trimmed.items() if m.get("kept_vocab", int(n.split("=")[1])) == kept_vocab}
+            trimmed = {n: m for n, m in trimmed.items() if _kept_vocab(n, m) == kept_vocab}
         elif len(trimmed) > 1:
             raise ValueError(f"The benchmark has several trimmed sizes ({', '.join(trimmed)}): pass kept_vocab=.")
         for m in trimmed.values():
@@ -356,7 +364,8 @@ def push_drafter_to_hub(
     drafter.validate_vocab_map()
     if benchmark is not None:
         base_rows = eval_results if eval_results is not None else getattr(drafter.config, "eval_results", None)
-        eval_results = list(base_rows or []) + eval_results_from_benchmark(benchmark, drafter.config.draft_vocab_size)
+        eval_results = list(base_rows or []) + eval_results_from_benchmark(
+            benchmark, drafter.config.draft_vocab_size, context_tokens=bool(drafter.config.context_tokens))
     for path_in_repo, local in (extra_files or {}).items():
         if not Path(local).is_file():
             raise FileNotFoundError(f"extra_files[{path_in_repo!r}]: no such file {str(local)!r}.")

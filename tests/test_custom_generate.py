@@ -213,6 +213,7 @@ BENCH = {"runs": [
         "trimmed k=44": {"kept_vocab": 44, "acceptance_rate": 0.8812, "mean_accepted_length": 4.2,
                          "speedup_vs_target": {"median": 1.31}, "speedup_vs_hf_assisted": {"median": 1.12},
                          "eval_coverage": 0.97},
+        "trimmed k=44 +context": {"kept_vocab": 44, "context_tokens": True, "acceptance_rate": 0.9333},
         "trimmed k=20": {"kept_vocab": 20, "acceptance_rate": 0.5}}},
     {"workload": "offline:humaneval", "in_domain": False, "mode": "t0.7", "methods": {
         "trimmed k=44": {"kept_vocab": 44, "acceptance_rate": 0.7}}},
@@ -234,7 +235,9 @@ def test_card_metadata_inherited_and_measured(local_hub, tmp_path):  # noqa: F81
     assert {(r["dataset_name"], r["metric_type"]) for r in rows} >= {
         ("offline:sharegpt (held-out, greedy)", "acceptance_rate"), ("offline:humaneval (t0.7)", "acceptance_rate"),
         ("offline:sharegpt (held-out, greedy)", "speedup_vs_hf_assisted")}
-    assert all(r["metric_value"] != 0.5 for r in rows)  # not the k=20 drafter's numbers
+    assert all(r["metric_value"] not in (0.5, 0.9333) for r in rows)  # not k=20's, nor the +context rows
+    ctx = eval_results_from_benchmark(BENCH, 44, context_tokens=True)
+    assert [r["metric_value"] for r in ctx] == [0.9333]  # a drafter shipped with context tokens on
     with pytest.raises(ValueError, match="several trimmed sizes"):
         eval_results_from_benchmark(BENCH)
     with pytest.raises(ValueError, match="bench --ks"):
