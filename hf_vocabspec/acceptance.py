@@ -50,8 +50,10 @@ def held_out_conversations(dataset, tokenizer, *, start: int = 0, n: int = 16, m
     return out
 
 
-def predicted_tau(acceptance: float, num_draft_tokens: int = 5) -> float:
-    """Expected tokens per verify step for i.i.d. per-token acceptance ``acceptance``."""
+def predicted_tau(acceptance: float | None, num_draft_tokens: int = 5) -> float | None:
+    """Expected tokens per verify step, (1 - a^(L+1)) / (1 - a), if each of L drafts is accepted w.p. a."""
+    if acceptance is None:
+        return None
     a, n = acceptance, num_draft_tokens
     return float(n + 1) if a >= 1 else (1 - a ** (n + 1)) / (1 - a)
 

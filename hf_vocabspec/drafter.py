@@ -60,7 +60,8 @@ class TrimmedDrafterConfig(PreTrainedConfig):
     selection: dict | None = None
     rdk: dict | None = None  # RDK kernel metadata (num_targets, method, fit info); None = no kernel
     # Draft pruned tokens that already occur in the context (see generation.DraftVocabulary); the runtime
-    # switch is `drafter.use_context_tokens`, this is its default when the drafter is loaded.
+    # switch is `drafter.use_context_tokens`, this is its default when the drafter is loaded. trim_drafter
+    # turns it on when the base ties its embeddings; older checkpoints (no field) keep it off.
     context_tokens: bool = False
     max_context_tokens: int = 2048
     tie_word_embeddings: bool = False
@@ -443,6 +444,9 @@ def trim_drafter(
         bos_token_id=model.config.get_text_config().bos_token_id,
         eos_token_id=model.config.get_text_config().eos_token_id,
         pad_token_id=model.config.get_text_config().pad_token_id,
+        # on wherever the pruned rows stay reachable (tied embeddings): lossless, and it recovers most of
+        # what pruning costs on chat text (README, docs/rdk.md section 8)
+        context_tokens=bool(body_cfg.get("tie_word_embeddings", False)),
     )
     dtype = head.weight.dtype
     with torch.device("meta"):

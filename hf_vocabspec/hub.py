@@ -308,6 +308,8 @@ def build_model_card(drafter: TrimmedDrafter, repo_id: str = "<repo-id>", *, lic
         license_sources=license_sources,
         measured=[(r.dataset_name, r.metric_name, _fmt(r.metric_type, r.metric_value)) for r in results],
         rdk=[(k, _fmt(k, v)) for k, v in (cfg.rdk or {}).items() if k in _RDK_CARD_KEYS],
+        context_tokens=bool(getattr(cfg, "context_tokens", False)),
+        max_context_tokens=f"{getattr(cfg, 'max_context_tokens', 0):,}",
         custom_generate=custom_generate,
     )
 

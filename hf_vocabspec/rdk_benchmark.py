@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from .acceptance import predicted_tau
 from .benchmark import MethodResult, eval_prompts
 from .rdk import (
     calibration_sequences,
@@ -50,6 +51,7 @@ class RDKBenchConfig:
 
 def _run(target, drafter, kernel, prompt, gen_kwargs, max_new_tokens):
     """One generate call; ``kernel`` None = vanilla pruned sampling, "untrimmed" drafters have no kernel."""
+    drafter.use_context_tokens = False  # RDK vs vanilla, both context-free (context tokens: `hf-vocabspec acceptance`)
     if kernel is None:
         drafter.use_rdk = False
     else:
@@ -175,15 +177,6 @@ def _gen_row(r: MethodResult, base: MethodResult, pruned_proposed: int) -> dict:
 
 def _f(x, fmt):
     return "-" if x is None else format(x, fmt)
-
-
-def predicted_tau(acceptance: float | None, draft_tokens: int) -> float | None:
-    """tau = (1 - a^(L+1)) / (1 - a) if each of L draft tokens is accepted independently with probability a."""
-    if acceptance is None:
-        return None
-    if acceptance >= 1.0:
-        return float(draft_tokens + 1)
-    return (1 - acceptance ** (draft_tokens + 1)) / (1 - acceptance)
 
 
 def format_rdk_report(report: dict) -> str:

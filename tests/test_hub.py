@@ -188,6 +188,16 @@ def test_model_card_without_selection_and_offline_base():
     assert card.data.base_model is None  # a local path is not a Hub id: kept out of the YAML
     assert "/some/local/path" in card.content and "No selection metadata was recorded." in card.content
     assert card.data.draft_vocab_size == drafter.config.draft_vocab_size
+    assert "## Context tokens" not in card.content  # untied base: no context tokens
+
+
+def test_model_card_describes_context_tokens_of_a_tied_drafter():
+    _, base = make_pair("gemma3", seed=3)
+    drafter = trim_drafter(base, [3, 4, 5])
+    assert drafter.config.context_tokens  # on by default for tied embeddings
+    assert "## Context tokens" in build_model_card(drafter, "me/x").content
+    drafter.config.context_tokens = False
+    assert "## Context tokens" not in build_model_card(drafter, "me/x").content
 
 
 def test_fresh_process_loads_by_repo_id_with_trust_remote_code(local_hub, pushed, tmp_path):  # noqa: F811
