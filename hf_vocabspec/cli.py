@@ -350,6 +350,28 @@ def cmd_rdk_bench(args) -> int:
     return 0
 
 
+def cmd_distill(args) -> int:
+    """Distil a small same-tokenizer drafter from the target (resumes from --output if it holds a run)."""
+    from .distill import DistillConfig, distill
+
+    if args.output is None:
+        name = str(args.target).removeprefix("offline:").rstrip("/").split("/")[-1]
+        args.output = f"results/distilled/{name}-{args.num_layers}l"
+    cfg = DistillConfig(
+        target=args.target, num_layers=args.num_layers, dataset=args.dataset, output_dir=args.output,
+        seq_len=args.seq_len, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
+        max_steps=args.max_steps, time_budget_s=args.time_budget, seed=args.seed, save_every=args.save_every,
+        eval_sequences=args.eval_sequences, target_dtype=args.target_dtype, autocast=not args.no_autocast,
+        freeze_embeddings=not args.train_embeddings, overwrite=args.overwrite,
+    )
+    if cfg.max_steps is None and cfg.time_budget_s is None:
+        cfg.max_steps = 1000
+    summary = distill(cfg, progress=True)
+    print(json.dumps(summary, indent=2))
+    _log(f"student saved to {args.output} (stopped: {summary['stopped']}); report: {args.output}/distill_report.json")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hf-vocabspec", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -457,8 +479,6 @@ def build_parser() -> argparse.ArgumentParser:
     rb.add_argument("--no-generate", action="store_true", help="only fit and score kernels (no generation)")
     rb.add_argument("--output", default="results/rdk")
     rb.set_defaults(func=cmd_rdk_bench)
-    return p
-
 
     ac = sub.add_parser("acceptance", help="exact expected acceptance vs kept vocabulary: vanilla vs context tokens")
     ac.add_argument("--target", default="offline:gemma-3-270m")
@@ -470,6 +490,29 @@ def build_parser() -> argparse.ArgumentParser:
     ac.add_argument("--num-assistant-tokens", type=int, default=5)
     ac.add_argument("--output", default="results/acceptance")
     ac.set_defaults(func=cmd_acceptance)
+    ds = sub.add_parser("distill", help="distil a small same-tokenizer drafter: the target's first layers, trained by KL")
+    ds.add_argument("--target", default="offline:smollm2-135m-instruct")
+    ds.add_argument("--num-layers", type=int, default=4, help="student depth (the target's first N layers)")
+    ds.add_argument("--dataset", default="offline:sharegpt", help="chat dataset; trains on assistant positions")
+    ds.add_argument("--max-steps", type=int, default=None, help="default 1000 when --time-budget is not given")
+    ds.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                    help="stop cleanly (eval + save included) within this wall-clock time")
+    ds.add_argument("--seq-len", type=int, default=256)
+    ds.add_argument("--batch-size", type=int, default=8)
+    ds.add_argument("--lr", type=float, default=3e-4)
+    ds.add_argument("--warmup-steps", type=int, default=10)
+    ds.add_argument("--save-every", type=int, default=50)
+    ds.add_argument("--eval-sequences", type=int, default=16, help="held-out sequences for top-1 agreement")
+    ds.add_argument("--seed", type=int, default=0)
+    ds.add_argument("--target-dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                    help="dtype of the target that gives training distributions (agreement is scored vs fp32)")
+    ds.add_argument("--no-autocast", action="store_true", help="train the student without bf16 autocast")
+    ds.add_argument("--train-embeddings", action="store_true", help="also train the (tied) embeddings / LM head")
+    ds.add_argument("--overwrite", action="store_true", help="start afresh instead of resuming from --output")
+    ds.add_argument("--output", default=None, help="default: results/distilled/<target>-<N>l")
+    ds.set_defaults(func=cmd_distill)
+    return p
+
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)

@@ -1,0 +1,171 @@
+"""Distillation on tiny random models: it learns, resumes to the same weights, and bad input names the fix."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from tiny import VOCAB, llama_config
+from transformers import AutoModelForCausalLM, LlamaForCausalLM
+
+from hf_vocabspec import TrimmedDrafter, trim_drafter
+from hf_vocabspec.distill import OPTIMIZER_FILE, REPORT_FILE, STATE_FILE, DistillConfig, build_student, distill
+
+# w3 / w4 play the role markers; the word-level tokenizer keeps the test free of real-model downloads
+TEMPLATE = ("{% for m in messages %}{{ 'w3' if m['role'] != 'assistant' else 'w4' }} {{ m['content'] }} </s> "
+            "{% endfor %}{% if add_generation_prompt %}w4 {% endif %}")
+
+
+def tiny_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    names = ["<pad>", "<s>", "</s>"] + [f"w{i}" for i in range(3, VOCAB)]
+    tok = Tokenizer(models.WordLevel({n: i for i, n in enumerate(names)}, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    fast.chat_template = TEMPLATE
+    return fast
+
+
+def chats(n: int = 120, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+
+    def words(lo, hi):
+        return " ".join(f"w{rng.randrange(5, VOCAB)}" for _ in range(rng.randrange(lo, hi)))
+
+    return [{"messages": [m for _ in range(rng.randrange(1, 3))
+                          for m in ({"role": "user", "content": words(3, 8)},
+                                    {"role": "assistant", "content": words(8, 24)})]} for _ in range(n)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread, and steadily so when other jobs share the CPU."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def target():
+    """A 2-layer tiny llama whose layers matter: random residual branches are scaled up so the first layer
+    alone agrees with it only ~20% of the time (plain random layers barely move the embedding's argmax)."""
+    torch.manual_seed(3)
+    model = LlamaForCausalLM(llama_config(num_hidden_layers=2)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                p.mul_(4.0)
+        model.lm_head.weight.mul_(8.0)
+    return model
+
+
+def config(target, out, **kw) -> DistillConfig:
+    base = dict(target=target, tokenizer=tiny_tokenizer(), dataset=chats(), num_layers=1, output_dir=out,
+                seq_len=32, batch_size=4, lr=3e-3, warmup_steps=2, max_steps=30, save_every=10,
+                eval_sequences=16, target_dtype="float32", autocast=False)
+    base.update(kw)
+    return DistillConfig(**base)
+
+
+def test_learns_and_saves_a_trimmable_checkpoint(target, tmp_path):
+    out = tmp_path / "student"
+    res = distill(config(target, out), progress=False)
+    assert res["step"] == 30 and res["steps_done"] == 30 and res["stopped"] == "max_steps"
+    losses = [loss for _, loss in json.loads((out / STATE_FILE).read_text())["history"]["loss"]]
+    assert sum(losses[-5:]) < 0.7 * sum(losses[:5]), losses
+    assert res["final_agreement"] > res["initial_agreement"] + 0.08, res
+    report = json.loads((out / REPORT_FILE).read_text())
+    assert report["final_agreement"] == res["final_agreement"] and report["step"] == 30
+    assert res["tokens_seen"] == 30 * 4 * 32
+    # a plain HF directory: safetensors only, loads with Auto*, trims with the tokenizer saved beside it
+    assert not list(out.glob("*.bin")) and not list(out.glob("*.pt")) and (out / OPTIMIZER_FILE).is_file()
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.num_hidden_layers == 1
+    from transformers import AutoTokenizer
+
+    drafter = trim_drafter(model, range(3, 40), tokenizer=AutoTokenizer.from_pretrained(out))
+    assert isinstance(drafter, TrimmedDrafter)
+    assert not list(tmp_path.glob(".student.*"))  # no temp/old dirs left behind
+
+
+def test_resume_matches_an_uninterrupted_run(target, tmp_path):
+    kw = dict(max_steps=6, save_every=3, autocast=True, target_dtype="bfloat16")
+    straight = distill(config(target, tmp_path / "a", **kw), progress=False)
+    first = distill(config(target, tmp_path / "b", **dict(kw, max_steps=3)), progress=False)
+    assert first["step"] == 3
+    state = json.loads((tmp_path / "b" / STATE_FILE).read_text())
+    assert state["step"] == 3 and state["data"]["pos"] > 0
+    resumed = distill(config(target, tmp_path / "b", **kw), progress=False)
+    assert resumed["step"] == 6 and resumed["steps_done"] == 3
+    assert resumed["initial_agreement"] == straight["initial_agreement"]
+    a = AutoModelForCausalLM.from_pretrained(tmp_path / "a").state_dict()
+    b = AutoModelForCausalLM.from_pretrained(tmp_path / "b").state_dict()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
+    la = json.loads((tmp_path / "a" / STATE_FILE).read_text())["history"]["loss"]
+    lb = json.loads((tmp_path / "b" / STATE_FILE).read_text())["history"]["loss"]
+    assert [s for s, _ in la] == [s for s, _ in lb] == list(range(1, 7))
+    assert [v for _, v in la] == pytest.approx([v for _, v in lb], rel=1e-4)
+    # a resume with settings that change the data order is refused, naming the way out
+    with pytest.raises(ValueError, match="--overwrite"):
+        distill(config(target, tmp_path / "b", **dict(kw, batch_size=2)), progress=False)
+
+
+def test_time_budget_stops_and_saves(target, tmp_path):
+    res = distill(config(target, tmp_path / "t", max_steps=None, time_budget_s=0.01), progress=False)
+    assert res["stopped"] == "time_budget" and res["step"] == 0
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "t").config.num_hidden_layers == 1
+
+
+def test_student_starts_as_the_target_prefix(target):
+    student = build_student(target, 1)
+    assert student.config.num_hidden_layers == 1 and target.config.num_hidden_layers == 2
+    for k, v in student.state_dict().items():
+        torch.testing.assert_close(v, target.state_dict()[k])
+
+
+@pytest.mark.parametrize("layers, match", [(2, "between 1 and 1"), (5, ">= the target's 2 layers"),
+                                           (0, "at least 1 layer")])
+def test_bad_num_layers_names_the_fix(target, tmp_path, layers, match):
+    with pytest.raises(ValueError, match=match) as err:
+        distill(config(target, tmp_path / "x", num_layers=layers), progress=False)
+    assert "--num-layers" in str(err.value)
+
+
+def test_dataset_without_assistant_turns_names_the_fix(target, tmp_path):
+    users_only = [{"messages": [{"role": "user", "content": "w5 w6 w7"}]} for _ in range(10)]
+    with pytest.raises(ValueError, match="no assistant turns.*pass a chat dataset with responses"):
+        distill(config(target, tmp_path / "x", dataset=users_only), progress=False)
+    with pytest.raises(ValueError, match="tokenizer="):
+        distill(config(target, tmp_path / "x", tokenizer=None), progress=False)
+    with pytest.raises(ValueError, match="--max-steps and/or --time-budget"):
+        distill(config(target, tmp_path / "x", max_steps=None), progress=False)
+
+
+def test_refuses_a_foreign_output_dir(target, tmp_path):
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="--output"):
+        distill(config(target, tmp_path / "other"), progress=False)
+
+
+def test_cli_distill_from_saved_target_and_jsonl(target, tmp_path, capsys):
+    from hf_vocabspec.cli import main
+
+    target.save_pretrained(tmp_path / "target")
+    tiny_tokenizer().save_pretrained(tmp_path / "target")
+    data = tmp_path / "chats.jsonl"
+    data.write_text("\n".join(json.dumps(c) for c in chats(60)))
+    out = tmp_path / "cli-student"
+    assert main(["distill", "--target", str(tmp_path / "target"), "--dataset", str(data), "--num-layers", "1",
+                 "--max-steps", "4", "--save-every", "2", "--seq-len", "32", "--batch-size", "2",
+                 "--eval-sequences", "4", "--target-dtype", "float32", "--output", str(out)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["step"] == 4 and summary["stopped"] == "max_steps"
+    assert json.loads((out / REPORT_FILE).read_text())["step"] == 4
+    assert AutoModelForCausalLM.from_pretrained(out).config.num_hidden_layers == 1
