@@ -39,6 +39,7 @@ def run():
     _, plain = make_pair("gemma3", seed=3, head_scale=8.0)
     _assistant_config(plain)
     drafter = trim_drafter(base, range(VOCAB - 12))
+    drafter.use_context_tokens = "default"  # a sentinel: each method's switch must be restored to it
     drafter.generation_config.num_assistant_tokens = 4
     seen = []  # (use_context_tokens, probe) as the drafter body sees them during generate
     hook = drafter.model.register_forward_pre_hook(
@@ -96,10 +97,10 @@ def test_timing_fields_and_zero_cost_limit(run):
 def test_method_attrs_apply_during_generate_and_are_restored(run):
     _, drafter, seen = run
     assert set(seen) == {(False, None), (True, "ctx")}
-    assert drafter.use_context_tokens is False and not hasattr(drafter, "probe")
+    assert drafter.use_context_tokens == "default" and not hasattr(drafter, "probe")
     with pytest.raises(RuntimeError), applied_attrs(drafter, {"use_context_tokens": True, "probe": 1}):
         raise RuntimeError
-    assert drafter.use_context_tokens is False and not hasattr(drafter, "probe")
+    assert drafter.use_context_tokens == "default" and not hasattr(drafter, "probe")
 
 
 def test_reports_show_timing_columns_and_machine(run):
