@@ -123,14 +123,29 @@ def _text(content) -> str:
     return str(content)
 
 
+def _raw_turns(example: dict) -> tuple[list[dict], str, str]:
+    """(turns, role key, content key) of one example in `messages` or ShareGPT `conversations` format."""
+    if example.get("messages") is not None:
+        return example["messages"], "role", "content"
+    if example.get("conversations") is not None:
+        return example["conversations"], "from", "value"
+    raise ValueError(f"Unknown dataset format: expected {_FORMATS_HELP}; found columns {sorted(example)}.")
+
+
+def normalized_messages(example: dict) -> list[dict]:
+    """A conversation as [{role, content}] with role user/assistant/system, from either chat format."""
+    turns, role_key, content_key = _raw_turns(example)
+    out = []
+    for t in turns:
+        role = t.get(role_key)
+        role = "assistant" if role in _ASSISTANT_ROLES else ("system" if role == "system" else "user")
+        out.append({"role": role, "content": _text(t.get(content_key))})
+    return out
+
+
 def _turns(example: dict, roles_seen: set | None = None) -> tuple[list[str], int]:
     """Assistant contents of one example (messages or ShareGPT conversations) and its turn count."""
-    if example.get("messages") is not None:
-        turns, role_key, content_key = example["messages"], "role", "content"
-    elif example.get("conversations") is not None:
-        turns, role_key, content_key = example["conversations"], "from", "value"
-    else:
-        raise ValueError(f"Unknown dataset format: expected {_FORMATS_HELP}; found columns {sorted(example)}.")
+    turns, role_key, content_key = _raw_turns(example)
     if roles_seen is not None and len(roles_seen) < 50:
         roles_seen.update(str(t.get(role_key)) for t in turns)
     return [_text(t.get(content_key)) for t in turns if t.get(role_key) in _ASSISTANT_ROLES], len(turns)

@@ -38,6 +38,8 @@ import torch
 import torch.nn.functional as F
 from jinja2 import TemplateError
 
+from .coverage import _ASSISTANT_ROLES, assistant_turn_format, normalized_messages
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -127,30 +129,10 @@ def build_student(target: PreTrainedModel, num_layers: int) -> PreTrainedModel:
 # -------------------------------------------------------------------------------------------------- data
 
 
-def _normalise(example: dict) -> list[dict]:
-    """A conversation as [{role, content}] with role in user/assistant/system, from either chat format."""
-    from .coverage import _ASSISTANT_ROLES, _FORMATS_HELP, _text
-
-    if example.get("messages") is not None:
-        turns, role_key, content_key = example["messages"], "role", "content"
-    elif example.get("conversations") is not None:
-        turns, role_key, content_key = example["conversations"], "from", "value"
-    else:
-        raise ValueError(f"Unknown dataset format: expected {_FORMATS_HELP}; found columns {sorted(example)}.")
-    out = []
-    for t in turns:
-        role = t.get(role_key)
-        role = "assistant" if role in _ASSISTANT_ROLES else ("system" if role == "system" else "user")
-        out.append({"role": role, "content": _text(t.get(content_key))})
-    return out
-
-
 class _Tokenizer:
     """Turns one conversation into (ids, is_assistant) with prompt and assistant text tokenized separately."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase):
-        from .coverage import assistant_turn_format
-
         self.tok = tokenizer
         self.template = None if getattr(tokenizer, "chat_template", None) else _FALLBACK_TEMPLATE
         self.suffix = assistant_turn_format(tokenizer).suffix
@@ -160,7 +142,7 @@ class _Tokenizer:
                                             chat_template=self.template)
 
     def __call__(self, example: dict) -> tuple[list[int], list[bool]] | None:
-        msgs = _normalise(example)
+        msgs = normalized_messages(example)
         while msgs and msgs[0]["role"] == "assistant":  # an answer with no prompt: nothing to condition on
             msgs = msgs[1:]
         last = max((i for i, m in enumerate(msgs) if m["role"] == "assistant"), default=None)
@@ -192,13 +174,11 @@ class _Tokenizer:
 
 
 def _check_dataset(dataset) -> None:
-    from .coverage import _ASSISTANT_ROLES
-
     n = len(dataset)
     if n == 0:
         raise ValueError("The dataset is empty: pass a chat dataset with assistant turns (e.g. offline:sharegpt).")
     for i in range(n):
-        if any(m["role"] == "assistant" for m in _normalise(dataset[i])):
+        if any(m["role"] == "assistant" for m in normalized_messages(dataset[i])):
             return
     raise ValueError(f"The dataset has no assistant turns (role in {sorted(_ASSISTANT_ROLES)}) in any of its {n} "
                      "conversations: distillation trains on assistant text; pass a chat dataset with responses.")

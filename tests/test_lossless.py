@@ -131,7 +131,7 @@ def llama_pair():
 
 def test_sampling_t1_is_lossless_and_pruned_token_keeps_target_rate(llama_pair):
     target, drafter, probe = llama_pair
-    res = check_lossless(target, drafter, {}, pruned_probe=probe)
+    check_lossless(target, drafter, {}, pruned_probe=probe)
     assert drafter.last_speculation_stats.proposed > 0
 
 
