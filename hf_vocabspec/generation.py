@@ -328,7 +328,8 @@ class TrimmedCandidateGenerator(AssistedCandidateGenerator):
             if self.rdk is not None and int(idx) < vocab.k:
                 token = self.rdk.sample(idx)  # j ~ M[i]: the kept token or one of its pruned neighbours
                 self.stats.pruned_proposed += int((token != drafter.d2t[idx]).item())
-            self.stats.context_proposed += int(idx) >= vocab.k
+            if vocab.num_context:  # (the int() is a device sync: skipped when there is nothing to count)
+                self.stats.context_proposed += int(idx) >= vocab.k
             drafted_ids.append(token)
             seq = torch.cat([seq, token], dim=1)
             to_feed = token
@@ -340,7 +341,7 @@ class TrimmedCandidateGenerator(AssistedCandidateGenerator):
                     break
         candidate_logits = None
         if self.do_sample:
-            stacked = torch.stack(drafted_logits, dim=1)  # (1, L, K)
+            stacked = torch.stack(drafted_logits, dim=1)  # (1, L, K + C)
             if self.rdk is not None:  # exact q_RDK = M^T q' (+ context tokens' own mass); HF softmaxes it back
                 q = self.rdk.redistribute(stacked[..., : vocab.k])
                 if vocab.num_context:
