@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .benchmark import first_exchange
+
 
 @dataclass
 class Conversation:
@@ -30,15 +32,11 @@ def held_out_conversations(dataset, tokenizer, *, start: int = 0, n: int = 16, m
     """First user turn + its assistant answer of conversations ``start...``: realistic context for drafting."""
     out = []
     for i in range(start, len(dataset)):
-        msgs = dataset[i]["messages"]
-        user = next((j for j, m in enumerate(msgs) if m["role"] == "user"), None)
-        if user is None or user + 1 >= len(msgs) or msgs[user + 1]["role"] != "assistant":
+        exchange = first_exchange(dataset[i], tokenizer)
+        if exchange is None or exchange[1] is None:
             continue
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": msgs[user]["content"]}],
-                                               add_generation_prompt=True, return_tensors="pt",
-                                               return_dict=True)["input_ids"][0]
-        answer = tokenizer(msgs[user + 1]["content"].strip(), add_special_tokens=False,
-                           return_tensors="pt")["input_ids"][0][:max_answer_tokens]
+        prompt = exchange[0][0]
+        answer = tokenizer(exchange[1], add_special_tokens=False, return_tensors="pt")["input_ids"][0][:max_answer_tokens]
         if prompt.numel() > max_prompt_tokens or answer.numel() < min_answer_tokens:
             continue
         out.append(Conversation(torch.cat([prompt, answer]), prompt.numel()))

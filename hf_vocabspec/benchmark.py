@@ -568,6 +568,19 @@ def plot_report(report: dict, out_dir) -> None:
     plt.close(fig)
 
 
+def first_exchange(example: dict, tokenizer, min_user_chars: int = 0) -> tuple[torch.LongTensor, str | None] | None:
+    """A conversation's first user turn, chat-templated with a generation prompt ((1, T) ids), and the text of
+    the assistant reply that follows it (stripped; None if none); None without a user turn of that length."""
+    msgs = example["messages"]
+    user = next((j for j, m in enumerate(msgs) if m["role"] == "user"), None)
+    if user is None or len(msgs[user]["content"]) < min_user_chars:
+        return None
+    reply = msgs[user + 1] if user + 1 < len(msgs) and msgs[user + 1]["role"] == "assistant" else None
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": msgs[user]["content"]}],
+                                        add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+    return ids, (reply["content"].strip() if reply is not None else None)
+
+
 def eval_prompts(
     dataset, tokenizer, start: int, n: int, max_prompt_tokens: int, answer_prefix_tokens: int = 0
 ) -> list[torch.LongTensor]:
@@ -579,19 +592,14 @@ def eval_prompts(
     """
     prompts = []
     for i in range(start, len(dataset)):
-        msgs = dataset[i]["messages"]
-        user = next((j for j, m in enumerate(msgs) if m["role"] == "user"), None)
-        if user is None or len(msgs[user]["content"]) < 20:
+        exchange = first_exchange(dataset[i], tokenizer, min_user_chars=20)
+        if exchange is None:
             continue
-        answer = msgs[user + 1] if user + 1 < len(msgs) and msgs[user + 1]["role"] == "assistant" else None
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": msgs[user]["content"]}], add_generation_prompt=True,
-            return_tensors="pt", return_dict=True,
-        )["input_ids"]
+        ids, answer = exchange
         if answer_prefix_tokens:
             if answer is None:
                 continue
-            prefix = tokenizer(answer["content"].strip(), add_special_tokens=False)["input_ids"]
+            prefix = tokenizer(answer, add_special_tokens=False)["input_ids"]
             if len(prefix) < 4 * answer_prefix_tokens:
                 continue
             ids = torch.cat([ids, torch.tensor([prefix[:answer_prefix_tokens]])], dim=1)
