@@ -4,7 +4,8 @@ Two cost models, both used by :func:`hf_vocabspec.selection.select_vocabulary`:
 
 - :func:`draft_flops`: architecture-aware forward FLOPs of one cached decode step, read from any HF
   decoder config (GQA, ``head_dim != hidden/heads``, sliding-window layers, gated or plain MLPs, the
-  active experts of a mixture-of-experts layer), with a k-row LM head. It is seed 000's R(k) proxy.
+  active experts of a mixture-of-experts layer), with a k-row LM head: the latency proxy of
+  "Balancing Coverage and Draft Latency in Vocabulary Trimming".
 - :func:`measure_draft_latency` -> :class:`LatencyCurve`: the step actually timed on the device at a
   few k, plus the body-only floor (k=0). FLOPs are only a proxy: at batch 1 the LM head is a
   memory-bound GEMV (it streams k*h weights once per token) whose time is not proportional to its FLOPs
@@ -22,6 +23,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 
 import torch
+
+from .drafter import model_body
 
 # Model types whose MLP is NOT gated (two matrices, up + down). Every other decoder is assumed gated
 # (gate, up, down: Llama, Mistral, Qwen2/3, Gemma 1-3, Phi-3, OLMo, SmolLM, Granite, ...), which is what
@@ -132,9 +135,32 @@ def head_share(config, k: int | None = None, context_length: int = 512) -> float
     return f["lm_head"] / f["total"]
 
 
-def flops_ratio_R(config, k: int, context_length: int = 512) -> float:
-    """Seed 000's R(k) = 1 - FLOPs(k) / FLOPs(V): the share of draft FLOPs trimming to k rows saves."""
-    return 1.0 - draft_flops(config, k, context_length)["total"] / draft_flops(config, None, context_length)["total"]
+# --- the speculative-decoding formulas (Leviathan et al. 2023); their one home -------------------------------
+def expected_accepted_length(acceptance: float | None, num_draft_tokens: int | float = 5) -> float | None:
+    """tau: expected tokens per verify round, (1 - a^(L+1)) / (1 - a), when each of L drafts is accepted
+    i.i.d. with probability a (counts the bonus token)."""
+    if acceptance is None:
+        return None
+    a, n = min(max(float(acceptance), 0.0), 1.0), num_draft_tokens
+    return float(n + 1) if a >= 1 else (1 - a ** (n + 1)) / (1 - a)
+
+
+def iid_acceptance(tau: float, num_draft_tokens: float) -> float:
+    """The per-token acceptance a whose :func:`expected_accepted_length` equals ``tau`` (bisection)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(50):
+        a = (lo + hi) / 2
+        if (1 - a ** (num_draft_tokens + 1)) / (1 - a) < tau:
+            lo = a
+        else:
+            hi = a
+    return (lo + hi) / 2
+
+
+def speculative_speedup(acceptance: float, num_draft_tokens: int | float, cost_ratio: float) -> float:
+    """Expected walltime gain over target-only decoding, tau / (L c + 1) with c = draft step / verify step."""
+    a = min(max(acceptance, 0.0), 1 - 1e-9)
+    return expected_accepted_length(a, num_draft_tokens) / (num_draft_tokens * cost_ratio + 1)
 
 
 @dataclass
@@ -189,12 +215,12 @@ class LatencyCurve:
 
     def plot(self, path) -> None:
         """PNG: measured step latency vs k (log x), the interpolation, and the body-only floor."""
-        import matplotlib
+        from matplotlib.figure import (
+            Figure,  # no pyplot: leaves the user's backend alone
+        )
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6, 4))
+        fig = Figure(figsize=(6, 4))
+        ax = fig.subplots()
         ax.plot(self.ks, [s * 1e3 for s in self.seconds], "o", label="measured: body + k-row head (median)")
         lo, hi = max(1.0, min(self.ks) / 2), max(self.ks)
         grid = torch.logspace(torch.log10(torch.tensor(lo)), torch.log10(torch.tensor(float(hi))), 200).tolist()
@@ -210,15 +236,6 @@ class LatencyCurve:
         ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(path, dpi=120)
-        plt.close(fig)
-
-
-def _body(model):
-    prefix = getattr(model, "base_model_prefix", "model")
-    body = getattr(model, prefix, None)
-    if body is None or body is model:
-        body = model.get_decoder()
-    return body
 
 
 @torch.no_grad()
@@ -236,7 +253,7 @@ def measure_draft_latency(
     """
     from transformers.cache_utils import DynamicCache
 
-    body = _body(model)
+    body = model_body(model)
     weight = model.get_output_embeddings().weight.detach()
     device = weight.device
     vocab = weight.shape[0]

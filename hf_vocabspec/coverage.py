@@ -21,6 +21,8 @@ from jinja2 import TemplateError
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ._io import atomic_write
+
 _ASSISTANT_ROLES = frozenset({"assistant", "gpt", "chatgpt", "bing", "bard", "model"})
 _SENTINEL = "XQZSENTINELQZX"
 _PAD = " \n"  # whitespace around the probe's content: survives only in templates that do not trim
@@ -229,17 +231,10 @@ class TokenCounts:
 
     def save(self, path) -> None:
         """Safetensors (never pickle); scalar fields in the metadata; atomic write (tmp + os.replace)."""
-        path = os.fspath(path)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        try:
-            save_file({"counts": self.counts.to(torch.int64).contiguous()}, tmp, metadata={
-                "format": _FORMAT, "num_examples": str(self.num_examples),
-                "num_assistant_turns": str(self.num_assistant_turns), "tokenizer_name": self.tokenizer_name,
-            })
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        atomic_write(path, lambda tmp: save_file({"counts": self.counts.to(torch.int64).contiguous()}, str(tmp), metadata={
+            "format": _FORMAT, "num_examples": str(self.num_examples),
+            "num_assistant_turns": str(self.num_assistant_turns), "tokenizer_name": self.tokenizer_name,
+        }))
 
     @classmethod
     def load(cls, path) -> TokenCounts:

@@ -10,7 +10,6 @@ mapping draft ids to the first N target ids (the classic acceptance-collapse bug
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -64,6 +63,9 @@ class TrimmedDrafterConfig(PreTrainedConfig):
     # turns it on when the base ties its embeddings; older checkpoints (no field) keep it off.
     context_tokens: bool = False
     max_context_tokens: int = 2048
+    # Verify with hf_vocabspec.verify_head (the target's LM head reading its weight once for the L+1 rows);
+    # the runtime switch is `drafter.use_verify_head`, this is its default when the drafter is loaded.
+    verify_head: bool = True
     tie_word_embeddings: bool = False
 
     def body_config(self) -> PreTrainedConfig:
@@ -84,6 +86,28 @@ def tokenizer_sha256(tokenizer) -> str:
     """Fingerprint of a tokenizer's token -> id table (drafter and target must share it)."""
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
     return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
+
+
+def model_body(model: PreTrainedModel) -> nn.Module:
+    """The decoder body of a causal LM (what runs before its LM head)."""
+    body = getattr(model, getattr(model, "base_model_prefix", "model"), None)
+    if body is None or body is model:
+        body = model.get_decoder()
+    return body
+
+
+def set_draft_length(generation_config: GenerationConfig, num_assistant_tokens: int) -> GenerationConfig:
+    """Draft exactly ``num_assistant_tokens`` tokens every round: constant schedule, no confidence stop.
+
+    The one place an assistant's drafting schedule is set (trimmed drafters and HF-assisted baselines alike),
+    so methods compared side by side draft the same way.
+    """
+    if isinstance(num_assistant_tokens, bool) or not isinstance(num_assistant_tokens, int) or num_assistant_tokens < 1:
+        raise ValueError(f"num_assistant_tokens must be a positive integer (got {num_assistant_tokens!r}).")
+    generation_config.num_assistant_tokens = num_assistant_tokens
+    generation_config.num_assistant_tokens_schedule = "constant"
+    generation_config.assistant_confidence_threshold = DEFAULT_CONFIDENCE_THRESHOLD
+    return generation_config
 
 
 def _head_transform(body_config: PreTrainedConfig):
@@ -137,6 +161,8 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
         # Runtime switch for context tokens (greedy and sampling): pruned ids seen in the context get
         # head rows on the fly from the (tied) embedding matrix, so the drafter can propose them.
         self.use_context_tokens = bool(config.context_tokens)
+        # Runtime switch for the verify-time LM head of the target (verify_head.py, issue #15).
+        self.use_verify_head = bool(getattr(config, "verify_head", True))
         self.post_init()
 
     # --- RDK kernel (out-of-vocabulary sampling, see rdk.py) --------------------------------------------
@@ -167,21 +193,34 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
                            "moved_mass": round(kernel.moved_mass, 6), **_jsonable(kernel.info)}
         self.use_rdk = enabled
 
-    def rdk_kernel(self):
-        """The attached kernel as float32, rows renormalised (None without one)."""
-        if not self.config.rdk or getattr(self, "rdk_weights", None) is None:
-            return None
-        # Imported by name, not relatively: transformers ships a relatively-imported module (and all it
-        # imports) with every checkpoint, and drafter.py must stay torch + transformers only.
-        RDKKernel = importlib.import_module("hf_vocabspec.rdk").RDKKernel  # noqa: N806
-
-        if not bool(torch.isfinite(self.rdk_weights).all()):
+    def validate_rdk_buffers(self) -> None:
+        """Refuse a kernel announced in config.json that the weights lack or hold corrupt (torch-only check,
+        so a checkpoint loads with ``trust_remote_code`` where hf_vocabspec is not installed)."""
+        if not self.config.rdk:
+            return
+        targets, weights = getattr(self, "rdk_targets", None), getattr(self, "rdk_weights", None)
+        k = self.config.draft_vocab_size
+        ok = (
+            targets is not None and weights is not None
+            and weights.shape == (k, targets.shape[1] + 1) and targets.shape[0] == k
+            and bool(torch.isfinite(weights).all()) and not bool((weights < 0).any())
+            and bool((weights.float().sum(1) > 0).all())
+            and not bool((targets < 0).any()) and not bool((targets >= self.config.vocab_size).any())
+        )
+        if not ok:
             raise VocabularyMapError(
-                "config.json announces an RDK kernel but the weights lack it (`rdk_weights` missing or corrupt). "
-                + _RDK_KERNEL_FIX
+                "config.json announces an RDK kernel but the weights lack it or hold a corrupt one "
+                "(`rdk_weights`/`rdk_targets`). " + _RDK_KERNEL_FIX
             )
-        return RDKKernel(self.d2t, self.rdk_targets, self.rdk_weights.float(), self.config.vocab_size,
-                         self.config.rdk.get("method", "custom"), dict(self.config.rdk)).normalized()
+
+    def with_ssd(self, config=None):
+        """An SSD session (speculative speculative decoding) to pass as ``assistant_model=``; see hf_vocabspec.ssd.
+
+        Imported by name: drafter.py ships with checkpoints and stays torch + transformers only.
+        """
+        import importlib
+
+        return importlib.import_module("hf_vocabspec.ssd").SSDSession(self, config)
 
     # --- vocabulary map -------------------------------------------------------------------------------
     @property
@@ -192,9 +231,6 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
             t2d[self.d2t] = torch.arange(self.d2t.numel(), device=self.d2t.device)
             self._t2d = t2d
         return self._t2d
-
-    def kept_token_ids(self) -> torch.Tensor:
-        return self.d2t.clone()
 
     def validate_vocab_map(self) -> None:
         """Refuse a missing, corrupt or inconsistent map (names the fix)."""
@@ -309,8 +345,7 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
                 + _RDK_KERNEL_FIX
             )
         model.validate_vocab_map()
-        if model.config.rdk:
-            model.rdk_kernel().validate()  # a kernel announced in config must be present and sound
+        model.validate_rdk_buffers()  # a kernel announced in config must be present and sound
         return (model, info) if want_info else model
 
 
@@ -407,9 +442,7 @@ def trim_drafter(
     head = model.get_output_embeddings()
     if head is None or not hasattr(head, "weight"):
         raise ValueError(f"{type(model).__name__} has no LM head (get_output_embeddings() is None): pass a causal LM.")
-    body = getattr(model, getattr(model, "base_model_prefix", "model"), None)
-    if body is None or body is model:
-        body = model.get_decoder()
+    body = model_body(model)
     full_vocab = head.weight.shape[0]
     config_vocab = model.config.get_text_config().vocab_size
     vocab_size = max(full_vocab, config_vocab)
@@ -461,10 +494,7 @@ def trim_drafter(
     gen = GenerationConfig.from_model_config(model.config) if getattr(model, "generation_config", None) is None else (
         GenerationConfig.from_dict(model.generation_config.to_dict())
     )
-    gen.num_assistant_tokens = DEFAULT_NUM_ASSISTANT_TOKENS
-    gen.num_assistant_tokens_schedule = "constant"
-    gen.assistant_confidence_threshold = DEFAULT_CONFIDENCE_THRESHOLD
-    drafter.generation_config = gen
+    drafter.generation_config = set_draft_length(gen, DEFAULT_NUM_ASSISTANT_TOKENS)
     leftovers = [n for n, p in list(drafter.named_parameters()) + list(drafter.named_buffers()) if p.is_meta]
     if leftovers:
         raise RuntimeError(f"trim_drafter left uninitialised tensors: {leftovers[:5]}")

@@ -14,7 +14,6 @@ Two conventions exist and mixing them up silently collapses acceptance, so both 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -22,9 +21,21 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ._io import atomic_write
 from .drafter import TrimmedDrafter
 
 EAGLE3_CONVENTION = "eagle3-offsets"
+
+
+def _int64_ids(values, type_error: str, empty_error: str) -> torch.Tensor:
+    """A flat int64 CPU tensor of ids, refusing float/bool input and an empty one."""
+    ids = torch.as_tensor(values)
+    if ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise TypeError(f"{type_error}, got a {ids.dtype} tensor.")
+    ids = ids.detach().to("cpu", torch.int64).flatten()
+    if ids.numel() == 0:
+        raise ValueError(empty_error)
+    return ids
 
 
 def _absolute_ids(drafter_or_ids, vocab_size: int | None = None) -> torch.Tensor:
@@ -34,12 +45,8 @@ def _absolute_ids(drafter_or_ids, vocab_size: int | None = None) -> torch.Tensor
         vocab_size = drafter_or_ids.config.vocab_size if vocab_size is None else vocab_size
         ids = drafter_or_ids.d2t
     else:
-        ids = torch.as_tensor(drafter_or_ids)
-    if ids.dtype.is_floating_point or ids.dtype == torch.bool:
-        raise TypeError(f"Expected integer target token ids, got a {ids.dtype} tensor.")
-    ids = ids.detach().to("cpu", torch.int64).flatten()
-    if ids.numel() == 0:
-        raise ValueError("The vocabulary map is empty.")
+        ids = drafter_or_ids
+    ids = _int64_ids(ids, "Expected integer target token ids", "The vocabulary map is empty.")
     if bool((ids < 0).any()):
         raise ValueError("Target ids must be >= 0 (got negative ids: is this an offsets map?).")
     if ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all()):
@@ -50,15 +57,6 @@ def _absolute_ids(drafter_or_ids, vocab_size: int | None = None) -> torch.Tensor
     return ids
 
 
-def _atomic(path, write) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
-    return path
-
-
 # --- SGLang FR-Spec ---------------------------------------------------------------------------------------
 def to_sglang_token_map(drafter_or_d2t, path) -> Path:
     """Write SGLang's ``--speculative-token-map`` file: the hot target ids (int64 tensor, ``torch.save``).
@@ -67,7 +65,7 @@ def to_sglang_token_map(drafter_or_d2t, path) -> Path:
     Serve with ``--speculative-algorithm EAGLE --speculative-token-map <path>``.
     """
     ids = _absolute_ids(drafter_or_d2t).clone()
-    return _atomic(path, lambda tmp: torch.save(ids, tmp))
+    return atomic_write(path, lambda tmp: torch.save(ids, tmp))
 
 
 save_sglang_token_map = to_sglang_token_map  # the name used in the README
@@ -106,12 +104,7 @@ def from_eagle3_vocab_map(d2t_offsets, t2d=None, *, vocab_size: int | None = Non
     if isinstance(d2t_offsets, Mapping):
         t2d = d2t_offsets.get("t2d", t2d)
         d2t_offsets = d2t_offsets["d2t"]
-    offsets = torch.as_tensor(d2t_offsets)
-    if offsets.dtype.is_floating_point or offsets.dtype == torch.bool:
-        raise TypeError(f"d2t must hold integer offsets, got {offsets.dtype}.")
-    offsets = offsets.detach().to("cpu", torch.int64).flatten()
-    if offsets.numel() == 0:
-        raise ValueError("d2t is empty.")
+    offsets = _int64_ids(d2t_offsets, "d2t must hold integer offsets", "d2t is empty.")
     hint = "were absolute target ids passed as offsets (hf_vocabspec's d2t is absolute; EAGLE-3's is i + d2t[i])?"
     if bool((offsets < 0).any()):
         raise ValueError("d2t has negative offsets: not an EAGLE-3 offsets map (target id = i + d2t[i] >= i).")
@@ -142,7 +135,7 @@ def save_eagle3_vocab_map(drafter: TrimmedDrafter, path) -> Path:
     tensors = to_eagle3_vocab_map(drafter)
     metadata = {"draft_vocab_size": str(tensors["d2t"].numel()), "vocab_size": str(tensors["t2d"].numel()),
                 "convention": EAGLE3_CONVENTION, "format": "pt"}
-    return _atomic(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+    return atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
 
 
 def load_eagle3_vocab_map(path) -> torch.Tensor:

@@ -42,7 +42,9 @@ from transformers.generation.logits_process import (
     TypicalLogitsWarper,
 )
 
+from . import verify_head as _verify_head
 from .drafter import TrimmedDrafter, VocabularyMapError
+from .rdk import drafter_kernel
 
 # Processors that only look at logit VALUES (not token ids): valid as-is on the K kept logits.
 _VALUE_ONLY = (
@@ -75,6 +77,14 @@ class SpeculationStats:
     context_proposed: int = 0  # drafts of pruned tokens taken from the context (context tokens)
     per_round_accepted: list[int] = field(default_factory=list)
     per_round_proposed: list[int] = field(default_factory=list)
+
+    def add(self, other: SpeculationStats) -> SpeculationStats:
+        """Accumulate another call's counters into this one (per-round lists are concatenated)."""
+        for name in ("rounds", "proposed", "accepted", "draft_steps", "pruned_proposed", "context_proposed"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.per_round_accepted += other.per_round_accepted
+        self.per_round_proposed += other.per_round_proposed
+        return self
 
     @property
     def acceptance_rate(self) -> float:
@@ -275,7 +285,7 @@ class TrimmedCandidateGenerator(AssistedCandidateGenerator):
         self.fed = torch.empty(0, dtype=torch.long, device=drafter.device)
         self.rdk = None
         if self.do_sample and getattr(drafter, "use_rdk", False):
-            kernel = drafter.rdk_kernel()
+            kernel = drafter_kernel(drafter)
             self.rdk = kernel.to(drafter.device) if kernel is not None else None
         self.stats = SpeculationStats()
         drafter.last_speculation_stats = self.stats
@@ -367,18 +377,42 @@ class TrimmedCandidateGenerator(AssistedCandidateGenerator):
 
 
 _ORIGINAL_GET_CANDIDATE_GENERATOR = None
+# transformers versions whose `_get_candidate_generator` / `_assisted_decoding` contract this routing was read
+# from (keyword call, CandidateGenerator API); pyproject pins the same range.
+SUPPORTED_TRANSFORMERS = ((5, 18), (5, 24))
+
+
+def _check_transformers_version() -> None:
+    import transformers
+
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    lo, hi = SUPPORTED_TRANSFORMERS
+    if not (lo <= (major, minor) < hi) or not hasattr(GenerationMixin, "_get_candidate_generator"):
+        raise ImportError(
+            f"hf_vocabspec supports transformers >={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]} (found {transformers.__version__}): "
+            f"pip install 'transformers>={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]}'."
+        )
 
 
 def install() -> None:
-    """Route ``assistant_model=<TrimmedDrafter>`` to our generator; idempotent, leaves other cases alone."""
+    """Route ``assistant_model=<TrimmedDrafter>`` to our generator; idempotent, leaves other cases alone.
+
+    transformers has no public hook for a user-supplied candidate generator, so this wraps
+    ``GenerationMixin._get_candidate_generator`` (done on ``import hf_vocabspec``; :func:`uninstall` undoes it).
+    """
     global _ORIGINAL_GET_CANDIDATE_GENERATOR
     if _ORIGINAL_GET_CANDIDATE_GENERATOR is not None:
         return
+    _check_transformers_version()
     original = GenerationMixin._get_candidate_generator
     _ORIGINAL_GET_CANDIDATE_GENERATOR = original
 
     def _get_candidate_generator(self, *args, **kwargs):
         assistant = kwargs.get("assistant_model")
+        # hf_vocabspec.ssd: a session object builds its own generator (SSD, issue #14)
+        factory = getattr(assistant, "_hf_vocabspec_candidate_generator", None)
+        if factory is not None and not args:
+            return factory(**kwargs, target_vocab_size=self.config.get_text_config().vocab_size)
         if not isinstance(assistant, TrimmedDrafter):
             return original(self, *args, **kwargs)
         if args:
@@ -395,6 +429,18 @@ def install() -> None:
 
     _get_candidate_generator.__wrapped__ = original
     GenerationMixin._get_candidate_generator = _get_candidate_generator
+    _verify_head.install()  # issue #15: verify-time LM head for these calls only (verify_head.py)
+
+
+def uninstall() -> None:
+    """Give transformers back its own ``_get_candidate_generator`` (a TrimmedDrafter then drafts through HF's
+    generic path: still lossless, but O(vocabulary) per drafted token)."""
+    global _ORIGINAL_GET_CANDIDATE_GENERATOR
+    if _ORIGINAL_GET_CANDIDATE_GENERATOR is None:
+        return
+    GenerationMixin._get_candidate_generator = _ORIGINAL_GET_CANDIDATE_GENERATOR
+    _ORIGINAL_GET_CANDIDATE_GENERATOR = None
+    _verify_head.uninstall()  # issue #15
 
 
 install()

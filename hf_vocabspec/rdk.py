@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from ._io import atomic_write
+
 __all__ = [
     "CalibrationData",
     "RDKKernel",
@@ -128,12 +130,10 @@ class RDKKernel:
     def save(self, path: str | Path) -> None:
         from safetensors.torch import save_file
 
-        from .export import _atomic
-
         meta = {"vocab_size": str(self.vocab_size), "method": self.method, "format": "hf_vocabspec.rdk/1"}
         tensors = {"d2t": self.d2t.contiguous(), "targets": self.targets.contiguous(),
                    "weights": self.weights.contiguous()}
-        _atomic(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
+        atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
 
     @classmethod
     def load(cls, path: str | Path) -> RDKKernel:
@@ -145,6 +145,16 @@ class RDKKernel:
                 raise ValueError(f"{path} is not an hf_vocabspec RDK kernel file (saved with RDKKernel.save).")
             t = {k: f.get_tensor(k) for k in ("d2t", "targets", "weights")}
         return cls(t["d2t"], t["targets"], t["weights"], int(meta["vocab_size"]), meta.get("method", "custom")).validate()
+
+
+def drafter_kernel(drafter) -> RDKKernel | None:
+    """The kernel attached to a :class:`~hf_vocabspec.drafter.TrimmedDrafter` as float32, rows renormalised
+    (None without one): the one law both drafting and verification use."""
+    if not drafter.config.rdk or getattr(drafter, "rdk_weights", None) is None:
+        return None
+    drafter.validate_rdk_buffers()
+    return RDKKernel(drafter.d2t, drafter.rdk_targets, drafter.rdk_weights.float(), drafter.config.vocab_size,
+                     drafter.config.rdk.get("method", "custom"), dict(drafter.config.rdk)).normalized()
 
 
 def identity_kernel(d2t: torch.Tensor, vocab_size: int, num_targets: int = 1) -> RDKKernel:

@@ -11,12 +11,13 @@ trials take about a second). Two objectives:
   It is the default because it is the quantity users want (tokens per second), it prices a coverage loss
   and a cost saving in the same unit, and it has no hand-set weight: with a cheap drafter (small c) it
   keeps a large head, with an expensive one it trims harder, as it should.
-- ``"utility"``: seed 000's ``U(k) = alpha*C(k) + (1 - alpha)*R(k)``, ``R(k) = 1 - cost(k)/cost(V)``,
+- ``"utility"``: the utility of "Balancing Coverage and Draft Latency in Vocabulary Trimming",
+  ``U(k) = alpha*C(k) + (1 - alpha)*R(k)``, ``R(k) = 1 - cost(k)/cost(V)``,
   kept to reproduce the paper (alpha=0.5 on its command line); alpha has no principled value.
 
 ``cost`` says what a draft step costs at k: a measured :class:`~hf_vocabspec.cost.LatencyCurve`
 (preferred: the head is a memory-bound GEMV whose latency is not linear in k and has a floor), a model
-config (architecture-aware FLOPs, seed 000's proxy), or any callable ``k -> cost relative to the full
+config (architecture-aware FLOPs, that paper's latency proxy), or any callable ``k -> cost relative to the full
 head``. The result records which was used.
 
 The constraint is Optuna's own (``trial.set_constraint``: feasible when ``min_coverage - C(k) <= 0``),
@@ -31,6 +32,7 @@ settings; an explicit ``study_name`` whose stored settings differ is refused.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -40,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from .cost import LatencyCurve, draft_flops
+from .cost import LatencyCurve, draft_flops, speculative_speedup
 from .coverage import TokenCounts
 
 OBJECTIVES = ("throughput", "utility")
@@ -62,10 +64,17 @@ def relative_cost_fn(cost, vocab_size: int, context_length: int = 512) -> tuple[
     )
 
 
-def predicted_speedup(acceptance: float, num_draft: int, cost_ratio: float) -> float:
-    """Expected walltime gain of speculative decoding over target-only (Leviathan et al. 2023)."""
-    a = min(max(acceptance, 0.0), 1 - 1e-9)
-    return (1 - a ** (num_draft + 1)) / ((1 - a) * (num_draft * cost_ratio + 1))
+@contextlib.contextmanager
+def quiet_optuna():
+    """Optuna's per-trial INFO lines off for this block only (its verbosity is process-global: restored after)."""
+    import optuna
+
+    old = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(old)
 
 
 def _pareto(points) -> list[tuple[int, float, float]]:
@@ -122,12 +131,12 @@ class SelectionResult:
 
     def plot_pareto(self, path) -> None:
         """PNG: coverage vs relative draft cost; sweep, trials, Pareto front, chosen k, infeasible band shaded."""
-        import matplotlib
+        from matplotlib.figure import (
+            Figure,  # no pyplot: leaves the user's backend alone
+        )
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6.5, 4.2))
+        fig = Figure(figsize=(6.5, 4.2))
+        ax = fig.subplots()
         sw = sorted(self.sweep)
         ax.plot([p[2] for p in sw], [p[1] for p in sw], "-", color="gray", lw=1, label="top-k sweep")
         ax.scatter([t[3] for t in self.trials], [t[2] for t in self.trials], s=12, alpha=0.6, label="TPE trials")
@@ -146,7 +155,6 @@ class SelectionResult:
         ax.legend(fontsize=7, loc="lower right")
         fig.tight_layout()
         fig.savefig(path, dpi=120)
-        plt.close(fig)
 
 
 def _storage(storage):
@@ -227,7 +235,7 @@ def select_vocabulary(
         if objective == "utility":
             v = alpha * c + (1 - alpha) * (1 - r)
         else:
-            v = predicted_speedup(acceptance_at_full * c, num_assistant_tokens, verify_cost_ratio * r)
+            v = speculative_speedup(acceptance_at_full * c, num_assistant_tokens, verify_cost_ratio * r)
         return c, r, v
 
     settings = {
@@ -250,29 +258,29 @@ def select_vocabulary(
         trial.set_user_attr("relative_cost", r)
         return v
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(
-        direction="maximize", study_name=name, storage=_storage(storage), load_if_exists=True,
-        sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, n_trials)),
-    )
-    stored = study.user_attrs.get("hf_vocabspec_settings")
-    if stored is None:
-        study.set_user_attr("hf_vocabspec_settings", settings)
-    elif stored != json.loads(json.dumps(settings)):
-        diff = sorted(k for k in set(stored) | set(settings) if stored.get(k) != json.loads(json.dumps(settings)).get(k))
-        raise ValueError(f"Study {name!r} in this storage was run with other settings ({', '.join(diff)}): "
-                         "pass another study_name (or leave it unset to derive one from the settings).")
+    with quiet_optuna():
+        study = optuna.create_study(
+            direction="maximize", study_name=name, storage=_storage(storage), load_if_exists=True,
+            sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, n_trials)),
+        )
+        stored = study.user_attrs.get("hf_vocabspec_settings")
+        if stored is None:
+            study.set_user_attr("hf_vocabspec_settings", settings)
+        elif stored != json.loads(json.dumps(settings)):
+            diff = sorted(k for k in set(stored) | set(settings) if stored.get(k) != json.loads(json.dumps(settings)).get(k))
+            raise ValueError(f"Study {name!r} in this storage was run with other settings ({', '.join(diff)}): "
+                             "pass another study_name (or leave it unset to derive one from the settings).")
 
-    complete = (optuna.trial.TrialState.COMPLETE,)
-    if not study.get_trials(deepcopy=False):
-        # Anchor a fresh study at both ends of the feasible range (the smallest feasible k, and k_max,
-        # i.e. "barely trim"), so the choice is never worse than either; TPE then searches between.
-        for anchor in sorted({max(lo, counts.smallest_k_for_coverage(min_coverage)), hi})[:n_trials]:
-            study.enqueue_trial({"k": anchor})
-    done = len(study.get_trials(deepcopy=False, states=complete))
-    if done < n_trials:
-        study.optimize(objective_fn, n_trials=n_trials - done,
-                       callbacks=[optuna.study.MaxTrialsCallback(n_trials, states=complete)])
+        complete = (optuna.trial.TrialState.COMPLETE,)
+        if not study.get_trials(deepcopy=False):
+            # Anchor a fresh study at both ends of the feasible range (the smallest feasible k, and k_max,
+            # i.e. "barely trim"), so the choice is never worse than either; TPE then searches between.
+            for anchor in sorted({max(lo, counts.smallest_k_for_coverage(min_coverage)), hi})[:n_trials]:
+                study.enqueue_trial({"k": anchor})
+        done = len(study.get_trials(deepcopy=False, states=complete))
+        if done < n_trials:
+            study.optimize(objective_fn, n_trials=n_trials - done,
+                           callbacks=[optuna.study.MaxTrialsCallback(n_trials, states=complete)])
     finished = sorted(study.get_trials(deepcopy=False, states=complete), key=lambda t: t.number)
     # Values recomputed under the current cost (identical to the recorded ones unless the cost was re-measured).
     trials = [(t.number, int(t.params["k"]), *value_of(int(t.params["k"]))) for t in finished]
@@ -287,8 +295,8 @@ def select_vocabulary(
     return SelectionResult(
         k=k, coverage=c, objective=objective, value=v, relative_draft_cost=r, cost_source=source,
         min_coverage=min_coverage, token_ids=counts.top_k(k),
-        predicted_speedup=predicted_speedup(acceptance_at_full * c, num_assistant_tokens, verify_cost_ratio * r),
-        predicted_speedup_full_head=predicted_speedup(acceptance_at_full * cov(counts.vocab_size),
+        predicted_speedup=speculative_speedup(acceptance_at_full * c, num_assistant_tokens, verify_cost_ratio * r),
+        predicted_speedup_full_head=speculative_speedup(acceptance_at_full * cov(counts.vocab_size),
                                                       num_assistant_tokens, verify_cost_ratio * float(rel_cost(counts.vocab_size))),
         trials=trials, sweep=sweep, settings=settings, study_name=name,
     )

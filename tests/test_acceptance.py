@@ -6,7 +6,11 @@ import pytest
 import torch
 from tiny import VOCAB, make_pair
 
-from hf_vocabspec.acceptance import Conversation, format_acceptance, ideal_acceptance, predicted_tau
+from hf_vocabspec.evaluation.acceptance import (
+    Conversation,
+    format_acceptance,
+    ideal_acceptance,
+)
 
 
 def brute_force(target, conv: Conversation, kept: torch.Tensor, temperature: float | None, context: bool) -> float:
@@ -46,9 +50,7 @@ def test_ideal_acceptance_matches_brute_force():
     assert res["half"]["t1"] > res["quarter"]["t1"]
 
 
-def test_predicted_tau_and_table():
-    assert predicted_tau(1.0, 5) == 6.0
-    assert predicted_tau(0.5, 1) == pytest.approx(1.5)
+def test_acceptance_table():
     report = {"rows": [{"pruned": 0.9, "kept": 100, "greedy": {"acceptance": 0.9, "predicted_tau": 4.7},
                         "greedy+context": {"acceptance": 0.95, "predicted_tau": 5.3}}]}
     assert "| 90% | 100 | 90.0% (tau 4.70) | 95.0% (tau 5.30) |" in format_acceptance(report)

@@ -7,9 +7,9 @@ import torch
 from tiny import VOCAB, make_pair
 
 from hf_vocabspec import trim_drafter
-from hf_vocabspec.benchmark import (
+from hf_vocabspec.cli import build_parser
+from hf_vocabspec.evaluation.benchmark import (
     Method,
-    _iid_acceptance,
     applied_attrs,
     compare_methods,
     format_report,
@@ -17,7 +17,6 @@ from hf_vocabspec.benchmark import (
     machine_info,
     method_rows,
 )
-from hf_vocabspec.cli import build_parser
 
 PROMPTS = [torch.tensor([[1, 6, 9, 14, 50, 55]]), torch.tensor([[1, 20, 21, 60, 3]])]  # 50, 55, 60 are pruned
 REPEATS = 2
@@ -114,13 +113,6 @@ def test_reports_show_timing_columns_and_machine(run):
     assert header.startswith("Machine: ") and f"torch {torch.__version__}" in header and "torch threads" in header
     assert all(col in md for col in NEW_COLUMNS) and "| trimmed +context |" in md
     assert md.count("| tiny (in-domain) |") == len(results)
-
-
-def test_iid_acceptance_inverts_expected_tokens_per_round():
-    a, drafts = 0.8, 5
-    tau = (1 - a ** (drafts + 1)) / (1 - a)
-    assert _iid_acceptance(tau, drafts) == pytest.approx(a, abs=1e-9)
-    assert _iid_acceptance(drafts + 1, drafts) == pytest.approx(1.0, abs=1e-6)
 
 
 def test_bench_cli_context_tokens_flag():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_lossless import check_lossless
+from marginals import check_lossless
 from tiny import VOCAB, make_pair
 
 import hf_vocabspec

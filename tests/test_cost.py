@@ -7,7 +7,15 @@ import torch
 from tiny import gemma3_config, llama_config
 from transformers import GPTNeoXConfig, LlamaForCausalLM, MistralConfig, MixtralConfig
 
-from hf_vocabspec.cost import LatencyCurve, draft_flops, flops_ratio_R, head_share, measure_draft_latency
+from hf_vocabspec.cost import (
+    LatencyCurve,
+    draft_flops,
+    expected_accepted_length,
+    head_share,
+    iid_acceptance,
+    measure_draft_latency,
+    speculative_speedup,
+)
 
 
 def test_llama_flops_by_hand():
@@ -44,8 +52,6 @@ def test_gemma3_flops_by_hand_sliding_window_and_head_dim():
     assert draft_flops(c, k=10, context_length=3)["attention_ctx"] == 3 * (2 * 2 * 4 * 16 * 3)  # context < window
     assert 0 < head_share(c, 10, 100) < head_share(c, 64, 100) < 1
     assert head_share(c, 64, 100) == pytest.approx(4096 / (95872 - 640 + 4096))
-    assert flops_ratio_R(c, 64, 100) == 0
-    assert flops_ratio_R(c, 10, 100) == pytest.approx(1 - 95872 / 99328)
 
 
 def test_non_gated_moe_and_implicit_sliding_window():
@@ -96,3 +102,17 @@ def test_interpolation_is_monotone_under_noise():
     assert curve.predict(0) == 0.013 and curve.predict(100) == 0.013 and curve.predict(200) == 0.013
     assert curve.predict(300) == pytest.approx(0.0165)
     assert curve.predict(600) == pytest.approx(0.027)  # last slope extrapolated
+
+
+def test_speculative_decoding_formulas():
+    """tau = (1 - a^(L+1)) / (1 - a); its inverse; speedup = tau / (L c + 1) (Leviathan et al. 2023)."""
+    assert expected_accepted_length(1.0, 5) == 6.0
+    assert expected_accepted_length(0.5, 1) == pytest.approx(1.5)
+    assert expected_accepted_length(None, 5) is None
+    a, drafts = 0.8, 5
+    tau = (1 - a ** (drafts + 1)) / (1 - a)
+    assert expected_accepted_length(a, drafts) == pytest.approx(tau)
+    assert iid_acceptance(tau, drafts) == pytest.approx(a, abs=1e-9)
+    assert iid_acceptance(drafts + 1, drafts) == pytest.approx(1.0, abs=1e-6)
+    assert speculative_speedup(a, drafts, 0.1) == pytest.approx(tau / 1.5)
+    assert speculative_speedup(0.0, drafts, 0.0) == pytest.approx(1.0)

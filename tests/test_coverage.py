@@ -7,8 +7,13 @@ import torch
 from datasets import Dataset
 from safetensors.torch import save_file
 
-from hf_vocabspec.coverage import TokenCounts, assistant_texts, assistant_turn_format, count_assistant_tokens
-from hf_vocabspec.offline import load_chat_dataset, load_tokenizer
+from hf_vocabspec.coverage import (
+    TokenCounts,
+    assistant_texts,
+    assistant_turn_format,
+    count_assistant_tokens,
+)
+from hf_vocabspec.evaluation.offline import load_chat_dataset, load_tokenizer
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,11 @@ from test_hub import PROMPT, greedy, tiny_tokenizer
 from tiny import VOCAB, make_pair
 
 from hf_vocabspec import VocabularyMapError, trim_drafter
-from hf_vocabspec.hub import build_model_card, push_drafter_to_hub, write_custom_generate
+from hf_vocabspec.hub import (
+    build_model_card,
+    push_drafter_to_hub,
+    write_custom_generate,
+)
 
 REPO = "user/tiny-drafter-cg"
 RESULTS = [{"metric_type": "acceptance_rate", "metric_value": 0.931, "dataset_name": "offline:sharegpt (held-out)"},
@@ -272,7 +276,7 @@ def test_smollm2_cli_push_then_fresh_process_by_repo_id(local_hub, tmp_path):  #
     greedily exactly like the locally saved copy, both with assistant_model= and with custom_generate=."""
     from huggingface_hub import ModelCard
 
-    from hf_vocabspec.offline import load_model, load_tokenizer
+    from hf_vocabspec.evaluation.offline import load_model, load_tokenizer
 
     smol, repo = "offline:smollm2-135m-instruct", "user/smollm2-135m-trimmed"
     cmd = [sys.executable, "-m", "hf_vocabspec.cli", "trim", "--drafter", smol, "--target", smol,
@@ -305,7 +309,7 @@ def test_smollm2_cli_push_then_fresh_process_by_repo_id(local_hub, tmp_path):  #
     got = run_fresh(f"""
         import json, torch
         from hf_vocabspec.hub import load_drafter
-        from hf_vocabspec.offline import load_model, load_tokenizer
+        from hf_vocabspec.evaluation.offline import load_model, load_tokenizer
         target = load_model({smol!r}).eval()
         d = load_drafter({repo!r}, target=target, tokenizer=load_tokenizer({smol!r}))
         ids = torch.tensor({prompt.tolist()})

@@ -11,7 +11,14 @@ from tiny import VOCAB, llama_config
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 from hf_vocabspec import TrimmedDrafter, trim_drafter
-from hf_vocabspec.distill import OPTIMIZER_FILE, REPORT_FILE, STATE_FILE, DistillConfig, build_student, distill
+from hf_vocabspec.evaluation.distill import (
+    OPTIMIZER_FILE,
+    REPORT_FILE,
+    STATE_FILE,
+    DistillConfig,
+    build_student,
+    distill,
+)
 
 # w3 / w4 play the role markers; the word-level tokenizer keeps the test free of real-model downloads
 TEMPLATE = ("{% for m in messages %}{{ 'w3' if m['role'] != 'assistant' else 'w4' }} {{ m['content'] }} </s> "

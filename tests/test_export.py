@@ -13,7 +13,6 @@ from hf_vocabspec.export import (
     load_eagle3_vocab_map,
     load_sglang_token_map,
     save_eagle3_vocab_map,
-    save_sglang_token_map,
     to_eagle3_vocab_map,
     to_sglang_token_map,
 )
@@ -31,7 +30,6 @@ def test_sglang_token_map_is_the_hot_ids(tmp_path, drafter):
     hot = torch.load(path, weights_only=True)  # exactly how SGLang's load_token_map reads it ...
     hot = torch.tensor(hot, dtype=torch.int64) if not isinstance(hot, torch.Tensor) else hot.to(torch.int64)  # ... then
     assert hot.tolist() == drafter.d2t.tolist() == [0, 1, 2, *KEEP]
-    assert save_sglang_token_map is to_sglang_token_map
     assert torch.equal(load_sglang_token_map(path), drafter.d2t)
     # raw absolute ids work too; offsets-looking (unsorted) input is refused
     assert load_sglang_token_map(to_sglang_token_map([3, 7, 8], tmp_path / "raw.pt")).tolist() == [3, 7, 8]

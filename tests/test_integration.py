@@ -6,9 +6,13 @@ import pytest
 import torch
 
 from hf_vocabspec import TrimmedDrafter, trim_drafter
-from hf_vocabspec.benchmark import eval_prompts
 from hf_vocabspec.coverage import count_assistant_tokens
-from hf_vocabspec.offline import load_chat_dataset, load_model, load_tokenizer
+from hf_vocabspec.evaluation.benchmark import eval_prompts
+from hf_vocabspec.evaluation.offline import (
+    load_chat_dataset,
+    load_model,
+    load_tokenizer,
+)
 
 pytestmark = pytest.mark.integration
 SMOL = "offline:smollm2-135m-instruct"

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from marginals import PROMPT, check_lossless, pruned_drafter
 from scipy import stats
-from test_lossless import PROMPT, check_lossless, pruned_drafter
 from tiny import VOCAB, make_pair
 
 import hf_vocabspec
@@ -18,6 +18,7 @@ from hf_vocabspec import TrimmedDrafter, VocabularyMapError
 from hf_vocabspec.rdk import (
     RDKKernel,
     collect_calibration,
+    drafter_kernel,
     embedding_prior_kernel,
     expected_acceptance,
     fit_rdk_kernel,
@@ -132,7 +133,7 @@ def test_kernel_file_and_checkpoint_round_trip(pair, fitted, tmp_path):
     drafter.save_pretrained(tmp_path / "d")
     again = TrimmedDrafter.from_pretrained(tmp_path / "d")
     assert again.config.rdk["num_targets"] == 4 and again.use_rdk
-    assert torch.equal(again.rdk_kernel().weights, drafter.rdk_kernel().weights)
+    assert torch.equal(drafter_kernel(again).weights, drafter_kernel(drafter).weights)
     assert not list(tmp_path.glob("d/*.bin")) and not list(tmp_path.glob("d/*.pt"))  # safetensors only
     # the code shipped for trust_remote_code stays drafter.py alone (torch + transformers only)
     assert sorted(p.name for p in (tmp_path / "d").glob("*.py")) == ["drafter.py"]
@@ -152,7 +153,7 @@ def test_kernel_file_and_checkpoint_round_trip(pair, fitted, tmp_path):
         TrimmedDrafter.from_pretrained(tmp_path / "d")
 
     drafter.set_rdk_kernel(None)
-    assert drafter.rdk_kernel() is None and "rdk_weights" not in drafter.state_dict()
+    assert drafter_kernel(drafter) is None and "rdk_weights" not in drafter.state_dict()
 
 
 def test_fitted_and_prior_kernels_raise_expected_acceptance(pair, fitted):
@@ -192,7 +193,7 @@ def test_rdk_sampling_with_fitted_kernel_and_warpers_is_lossless():
     target, drafter, probe = pruned_drafter("gemma3")
     calibration = collect_calibration(target, random_sequences(n=24), top=32, progress=False)
     drafter.set_rdk_kernel(fit_rdk_kernel(calibration, drafter.d2t, num_targets=3))
-    assert drafter.rdk_kernel().moved_mass > 0.01
+    assert drafter_kernel(drafter).moved_mass > 0.01
     check_lossless(target, drafter, {"temperature": 0.7, "top_k": 20, "top_p": 0.9})
 
 

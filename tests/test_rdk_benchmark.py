@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
-from hf_vocabspec.benchmark import MethodResult
-from hf_vocabspec.rdk_benchmark import _gen_row, format_rdk_report, plot_rdk_report, predicted_tau
+from hf_vocabspec.evaluation.benchmark import MethodResult
+from hf_vocabspec.evaluation.rdk_benchmark import (
+    _gen_row,
+    format_rdk_report,
+    plot_rdk_report,
+)
+from hf_vocabspec.generation import SpeculationStats
 
 
 def test_rows_ratios_table_and_plot(tmp_path):
-    base = MethodResult("untrimmed", new_tokens=100, seconds=10.0, rounds=20, proposed=100, accepted=80)
-    pruned = MethodResult("vanilla", new_tokens=100, seconds=12.5, rounds=25, proposed=125, accepted=75)
-    row = _gen_row(pruned, base, pruned_proposed=3)
+    base = MethodResult("untrimmed", new_tokens=100, seconds=10.0, stats=SpeculationStats(rounds=20, proposed=100, accepted=80))
+    pruned = MethodResult("vanilla", new_tokens=100, seconds=12.5,
+                          stats=SpeculationStats(rounds=25, proposed=125, accepted=75, pruned_proposed=3))
+    row = _gen_row(pruned, base)
     assert row["tau"] == 4.0 and base.mean_accepted_length == 5.0
     assert row["tau_vs_untrimmed"] == 0.8 and row["tokens_per_s_vs_untrimmed"] == 0.8
     assert row["acceptance"] == 0.6 and row["pruned_proposed"] == 3
     rows = [{"method": "untrimmed", "level": 0.0, "kept": 1000, "coverage_eval": 1.0, "expected_acceptance": None,
-             **_gen_row(base, base, 0)}]
+             **_gen_row(base, base)}]
     for method, exp in (("vanilla", 0.9), ("RDK fitted", 0.91), ("RDK prior", 0.85)):
         for level, kept in ((0.9, 100), (0.97, 30)):
             rows.append({"method": method, "level": level, "kept": kept, "coverage_eval": 0.9,
@@ -23,7 +29,6 @@ def test_rows_ratios_table_and_plot(tmp_path):
               "runs": [{"temperature": 1.0, "rows": rows}, {"temperature": 0.7, "rows": rows}]}
     md = format_rdk_report(report)
     assert "| 97% | 30 | 90.0% | RDK fitted | 91.0% | 4.80 | 60.0% | 4.00 | 0.800 | 0.80 | 3 |" in md
-    assert predicted_tau(1.0, 5) == 6.0 and abs(predicted_tau(0.5, 1) - 1.5) < 1e-12
     assert md.count("Temperature") == 2
     plot_rdk_report(report, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 10_000

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import torch
 
-from hf_vocabspec.cost import LatencyCurve
+from hf_vocabspec.cost import LatencyCurve, speculative_speedup
 from hf_vocabspec.coverage import TokenCounts
-from hf_vocabspec.selection import predicted_speedup, select_vocabulary
+from hf_vocabspec.selection import select_vocabulary
 
 V = 5000
 
@@ -25,10 +24,8 @@ CURVE = LatencyCurve(ks=[500, 2000, V], seconds=[0.011, 0.013, 0.02], floor_seco
 
 
 @pytest.mark.parametrize("objective", ["throughput", "utility"])
-def test_constraint_reproducible_and_fast(zipf, objective):
-    t0 = time.perf_counter()
+def test_constraint_reproducible(zipf, objective):
     a = select_vocabulary(zipf, cost=CURVE, min_coverage=0.9, objective=objective, n_trials=100, k_range=(50, V))
-    assert time.perf_counter() - t0 < 15
     b = select_vocabulary(zipf, cost=CURVE, min_coverage=0.9, objective=objective, n_trials=100, k_range=(50, V))
     assert a.k == b.k and a.trials == b.trials
     assert a.coverage >= 0.9 and a.coverage == zipf.coverage(a.k) and len(a.trials) == 100
@@ -42,7 +39,7 @@ def test_constraint_reproducible_and_fast(zipf, objective):
     if objective == "utility":
         assert a.value == pytest.approx(0.5 * a.coverage + 0.5 * (1 - a.relative_draft_cost))
     else:
-        assert a.value == pytest.approx(predicted_speedup(0.98 * a.coverage, 5, 0.5 * a.relative_draft_cost))
+        assert a.value == pytest.approx(speculative_speedup(0.98 * a.coverage, 5, 0.5 * a.relative_draft_cost))
         assert a.value == a.predicted_speedup
     c = select_vocabulary(zipf, cost=CURVE, min_coverage=0.9, objective=objective, n_trials=100, seed=7, k_range=(50, V))
     assert [t[1] for t in c.trials] != [t[1] for t in a.trials]  # the seed matters

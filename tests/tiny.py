@@ -7,7 +7,12 @@ wrong q pass unnoticed); the drafter is a perturbed copy, so q is close to p but
 from __future__ import annotations
 
 import torch
-from transformers import Gemma3TextConfig, Gemma3ForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+)
 
 VOCAB = 64
 EOS = 2

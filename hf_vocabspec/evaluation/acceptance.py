@@ -12,48 +12,11 @@ from context tokens is what they recover. Predicted tau with L draft tokens: (1 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 
-from .benchmark import first_exchange
-
-
-@dataclass
-class Conversation:
-    """Prompt (chat-templated user turn with generation prompt) followed by the reference answer tokens."""
-
-    ids: torch.LongTensor  # (T,)
-    answer_start: int  # first answer position: predictions from answer_start - 1 onwards are scored
-
-
-def held_out_conversations(dataset, tokenizer, *, start: int = 0, n: int = 16, max_prompt_tokens: int = 512,
-                           max_answer_tokens: int = 256, min_answer_tokens: int = 16) -> list[Conversation]:
-    """First user turn + its assistant answer of conversations ``start...``: realistic context for drafting."""
-    out = []
-    for i in range(start, len(dataset)):
-        exchange = first_exchange(dataset[i], tokenizer)
-        if exchange is None or exchange[1] is None:
-            continue
-        prompt = exchange[0][0]
-        answer = tokenizer(exchange[1], add_special_tokens=False, return_tensors="pt")["input_ids"][0][:max_answer_tokens]
-        if prompt.numel() > max_prompt_tokens or answer.numel() < min_answer_tokens:
-            continue
-        out.append(Conversation(torch.cat([prompt, answer]), prompt.numel()))
-        if len(out) == n:
-            break
-    if not out:
-        raise ValueError("No held-out conversation with a user turn followed by an assistant answer: pass a chat "
-                         "dataset in `messages` format (e.g. offline:sharegpt).")
-    return out
-
-
-def predicted_tau(acceptance: float | None, num_draft_tokens: int = 5) -> float | None:
-    """Expected tokens per verify step, (1 - a^(L+1)) / (1 - a), if each of L drafts is accepted w.p. a."""
-    if acceptance is None:
-        return None
-    a, n = acceptance, num_draft_tokens
-    return float(n + 1) if a >= 1 else (1 - a ** (n + 1)) / (1 - a)
+from ..cost import expected_accepted_length
+from .data import Conversation, count_split, held_out_conversations
 
 
 @torch.no_grad()
@@ -115,26 +78,27 @@ def run_acceptance_report(target_name: str, out_dir, *, dataset: str = "offline:
     import time
     from pathlib import Path
 
-    from .coverage import count_assistant_tokens
-    from .drafter import special_token_ids
+    from ..coverage import count_assistant_tokens
+    from ..drafter import special_token_ids
+    from ..rdk import iter_pruning_levels
     from .offline import load_chat_dataset, load_model, load_tokenizer
-    from .rdk import iter_pruning_levels
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(target_name)
     ds = load_chat_dataset(dataset)
-    n_count = min(count_examples, len(ds) - 100)
-    counts = count_assistant_tokens(ds.select(range(n_count)), tokenizer, progress=False)
+    counted, held_out = count_split(ds, count_examples, min_held_out=100)
+    n_count = len(counted)
+    counts = count_assistant_tokens(counted, tokenizer, progress=False)
     target = load_model(target_name, dtype=torch.float32).eval()
     vocab = int(target.config.get_text_config().vocab_size)
     special = set(special_token_ids(target, tokenizer))
     kept = {f"{level:g}": torch.tensor(sorted(set(counts.top_k(k).tolist()) | special))
             for level, k in iter_pruning_levels(levels, vocab)}
-    convs = held_out_conversations(ds, tokenizer, start=n_count, n=conversations)
+    convs = held_out_conversations(held_out, tokenizer, n=conversations)
     scores = ideal_acceptance(target, convs, kept, temperatures=temperatures, progress=progress)
     rows = [{"pruned": float(level), "kept": int(kept[level].numel()), **{
-        mode: {"acceptance": a, "predicted_tau": predicted_tau(a, num_draft_tokens)} for mode, a in s.items()}}
+        mode: {"acceptance": a, "predicted_tau": expected_accepted_length(a, num_draft_tokens)} for mode, a in s.items()}}
         for level, s in scores.items()]
     report = {"target": target_name, "dataset": dataset, "count_examples": n_count, "date": time.strftime("%Y-%m-%d"),
               "conversations": len(convs), "positions": sum(c.ids.numel() - c.answer_start + 1 for c in convs),
@@ -160,15 +124,14 @@ def format_acceptance(report: dict) -> str:
 
 def plot_acceptance(report: dict, path) -> None:
     import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: leaves the user's backend alone
 
     rows = report["rows"]
     ks = [r["kept"] for r in rows]
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fig = Figure(figsize=(6.5, 4))
+    ax = fig.subplots()
     modes = [m for m in rows[0] if m not in ("pruned", "kept") and not m.endswith("+context")]
-    for color, m in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], modes):
+    for color, m in zip(matplotlib.rcParams["axes.prop_cycle"].by_key()["color"], modes):
         ax.plot(ks, [r[m]["predicted_tau"] for r in rows], "o--", color=color, label=f"{m} vanilla pruned")
         ax.plot(ks, [r[f"{m}+context"]["predicted_tau"] for r in rows], "o-", color=color, label=f"{m} + context tokens")
     ax.axhline(report["num_draft_tokens"] + 1, ls=":", color="gray", lw=1, label="untrimmed (ideal drafter)")
@@ -181,4 +144,3 @@ def plot_acceptance(report: dict, path) -> None:
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)

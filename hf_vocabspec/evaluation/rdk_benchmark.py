@@ -17,9 +17,13 @@ from pathlib import Path
 
 import torch
 
-from .acceptance import predicted_tau
-from .benchmark import MethodResult, eval_prompts
-from .rdk import (
+from ..cost import expected_accepted_length
+from ..drafter import set_draft_length
+from .benchmark import Method, MethodResult, compare_methods
+from .data import eval_prompts, load_workload
+
+CALIBRATION_CONVERSATIONS = 3000
+from ..rdk import (
     calibration_sequences,
     collect_calibration,
     embedding_prior_kernel,
@@ -49,46 +53,31 @@ class RDKBenchConfig:
     generate: bool = True
 
 
-def _run(target, drafter, kernel, prompt, gen_kwargs, max_new_tokens):
-    """One generate call; ``kernel`` None = vanilla pruned sampling, "untrimmed" drafters have no kernel."""
-    drafter.use_context_tokens = False  # RDK vs vanilla, both context-free (context tokens: `hf-vocabspec acceptance`)
-    if kernel is None:
-        drafter.use_rdk = False
-    else:
-        drafter.set_rdk_kernel(kernel)
-    t0 = time.perf_counter()
-    out = target.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new_tokens,
-                          assistant_model=drafter, **gen_kwargs)
-    return out, time.perf_counter() - t0, drafter.last_speculation_stats
-
-
 def run_rdk_benchmark(cfg: RDKBenchConfig, out_dir, progress: Callable | None = None) -> dict:
     """Fit kernels, score them, generate; write results.json, results.md and rdk_tau_vs_vocab.png."""
-    from .coverage import count_assistant_tokens
-    from .drafter import trim_drafter
-    from .offline import load_chat_dataset, load_model, load_tokenizer
+    from ..coverage import count_assistant_tokens
+    from ..drafter import trim_drafter
+    from .offline import load_model
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     dtype = getattr(torch, cfg.drafter_dtype)
-    tokenizer = load_tokenizer(cfg.target)
-    ds = load_chat_dataset(cfg.dataset)
-    counts = count_assistant_tokens(ds.select(range(cfg.count_examples)), tokenizer, progress=progress is not None)
-    target = load_model(cfg.target, dtype=torch.float32).eval()
+    work = load_workload(cfg.target, cfg.dataset, cfg.count_examples, progress=progress is not None)
+    tokenizer, target, counts, held_out = work.tokenizer, work.target, work.counts, work.held_out
     vocab = int(target.config.get_text_config().vocab_size)
-    calib_ds = ds.select(range(cfg.count_examples, min(len(ds), cfg.count_examples + 3000)))
+    # held-out part: the first CALIBRATION_CONVERSATIONS calibrate kernels, prompts and eval coverage come after
+    calib_ds = held_out.select(range(min(len(held_out), CALIBRATION_CONVERSATIONS)))
+    eval_ds = held_out.select(range(len(calib_ds), len(held_out)))
     seqs = calibration_sequences(calib_ds, tokenizer, max_sequences=cfg.calibration_sequences + cfg.score_sequences)
     fit_seqs, score_seqs = seqs[: cfg.calibration_sequences], seqs[cfg.calibration_sequences :]
-    prompts = eval_prompts(ds, tokenizer, cfg.count_examples + 3000, cfg.prompts, 512, cfg.answer_prefix_tokens)
-    eval_counts = count_assistant_tokens(ds.select(range(cfg.count_examples + 3000, len(ds))), tokenizer,
-                                         progress=False)
+    prompts = eval_prompts(eval_ds, tokenizer, 0, cfg.prompts, 512, cfg.answer_prefix_tokens)
+    eval_counts = count_assistant_tokens(eval_ds, tokenizer, progress=False)
     seen = (counts.counts > 0).nonzero().squeeze(1)
 
     def drafter_for(keep):
         d = trim_drafter(load_model(cfg.target, dtype=dtype).eval(), keep, tokenizer=tokenizer)
-        d.generation_config.num_assistant_tokens = cfg.num_assistant_tokens
-        d.generation_config.num_assistant_tokens_schedule = "constant"
+        set_draft_length(d.generation_config, cfg.num_assistant_tokens)
         return d
 
     untrimmed = drafter_for(torch.arange(vocab))
@@ -121,36 +110,35 @@ def run_rdk_benchmark(cfg: RDKBenchConfig, out_dir, progress: Callable | None = 
         named = {f"{lvl}|{m}": kern for (lvl, m), kern in kernels.items()}
         expected = score_kernels(target, score_seqs, named, temperature=temp, progress=progress is not None)
 
-        # generation: every method interleaved prompt by prompt
-        methods = [("untrimmed", None, untrimmed, None)]
+        # generation: the bench's one measurement loop (warm-up, interleaved, forward timing); a level's drafter
+        # gets each method's kernel attached before its calls (untimed), vanilla/untrimmed switch RDK off; all context-free
+        # (context tokens are scored by `hf-vocabspec acceptance`)
+        free = {"use_context_tokens": False}
+        methods = [Method("untrimmed", untrimmed, attrs={**free, "use_rdk": False})]
+        keys = {"untrimmed": ("untrimmed", None)}
         for lv in levels:
             for mname, kern in (("vanilla", None), ("RDK fitted", lv[f"fitted_{temp}"]), ("RDK prior", lv["prior"])):
-                methods.append((mname, lv["level"], lv["drafter"], kern))
-        results = {(m, lvl): MethodResult(f"{m} @{lvl}") for m, lvl, _, _ in methods}
-        pruned_props = dict.fromkeys(results, 0)
+                drafter, name = lv["drafter"], f"{mname} @{lv['level']}"
+                prepare = None if kern is None else (lambda d=drafter, k=kern: d.set_rdk_kernel(k))
+                methods.append(Method(name, drafter, attrs={**free, "use_rdk": kern is not None}, prepare=prepare))
+                keys[name] = (mname, lv["level"])
         gen_kwargs = {"do_sample": True, "temperature": temp, "top_k": 0, "top_p": 1.0}
         if cfg.generate and prompts:
-            steps = [(r, i, m) for r in range(cfg.repeats) for i in range(len(prompts)) for m in methods]
-            for r, i, (mname, lvl, drafter, kern) in (progress(steps) if progress else steps):
-                torch.manual_seed(1000 * r + i)
-                outp, dt, stats = _run(target, drafter, kern, prompts[i], gen_kwargs, cfg.max_new_tokens)
-                res = results[(mname, lvl)]
-                res.new_tokens += outp.shape[1] - prompts[i].shape[1]
-                res.seconds += dt
-                res.rounds += stats.rounds
-                res.proposed += stats.proposed
-                res.accepted += stats.accepted
-                pruned_props[(mname, lvl)] += stats.pruned_proposed
+            measured = compare_methods(target, methods, prompts, max_new_tokens=cfg.max_new_tokens,
+                                       repeats=cfg.repeats, generate_kwargs=gen_kwargs, progress=progress)
+        else:
+            measured = {m.name: MethodResult(m.name, speculative=True) for m in methods}
+        results = {keys[name]: r for name, r in measured.items()}
         base = results[("untrimmed", None)]
         rows = [{"method": "untrimmed", "level": 0.0, "kept": vocab, "coverage_eval": 1.0,
-                 "expected_acceptance": None, **_gen_row(base, base, 0)}]
+                 "expected_acceptance": None, **_gen_row(base, base)}]
         for lv in levels:
             for mname in ("vanilla", "RDK fitted", "RDK prior"):
                 r = results[(mname, lv["level"])]
                 rows.append({"method": mname, "level": lv["level"], "kept": lv["kept"],
                              "coverage_eval": lv["coverage_eval"],
                              "expected_acceptance": expected[f"{lv['level']}|{mname}"],
-                             **_gen_row(r, base, pruned_props[(mname, lv["level"])])})
+                             **_gen_row(r, base)})
         report["runs"].append({
             "temperature": temp, "calibration_positions": calib.num_positions, "calibration_seconds": collect_s,
             "rows": rows,
@@ -167,12 +155,12 @@ def run_rdk_benchmark(cfg: RDKBenchConfig, out_dir, progress: Callable | None = 
     return report
 
 
-def _gen_row(r: MethodResult, base: MethodResult, pruned_proposed: int) -> dict:
+def _gen_row(r: MethodResult, base: MethodResult) -> dict:
     tau = r.mean_accepted_length
     return {"tokens_per_s": r.tokens_per_s, "acceptance": r.acceptance_rate, "tau": tau,
             "tau_vs_untrimmed": tau / base.mean_accepted_length if tau and base.mean_accepted_length else None,
             "tokens_per_s_vs_untrimmed": r.tokens_per_s / base.tokens_per_s if base.tokens_per_s else None,
-            "rounds": r.rounds, "new_tokens": r.new_tokens, "pruned_proposed": pruned_proposed}
+            "rounds": r.rounds, "new_tokens": r.new_tokens, "pruned_proposed": r.stats.pruned_proposed}
 
 
 def _f(x, fmt):
@@ -193,7 +181,7 @@ def format_rdk_report(report: dict) -> str:
             lines.append(
                 f"| {row['level']:.0%} | {row['kept']:,} | {row['coverage_eval']:.1%} | {row['method']} | "
                 f"{_f(row['expected_acceptance'], '.1%')} | "
-                f"{_f(predicted_tau(row['expected_acceptance'], draft_tokens), '.2f')} | "
+                f"{_f(expected_accepted_length(row['expected_acceptance'], draft_tokens), '.2f')} | "
                 f"{_f(row['acceptance'], '.1%')} | {_f(row['tau'], '.2f')} | "
                 f"{_f(row['tau_vs_untrimmed'], '.3f')} | {_f(row['tokens_per_s_vs_untrimmed'], '.2f')} | "
                 f"{row['pruned_proposed']} |")
@@ -201,13 +189,11 @@ def format_rdk_report(report: dict) -> str:
 
 
 def plot_rdk_report(report: dict, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: leaves the user's backend alone
 
     runs = report["runs"]
-    fig, axes = plt.subplots(2, len(runs), figsize=(5.5 * len(runs), 7.5), squeeze=False)
+    fig = Figure(figsize=(5.5 * len(runs), 7.5))
+    axes = fig.subplots(2, len(runs), squeeze=False)
     for col, run in enumerate(runs):
         base = next(r for r in run["rows"] if r["method"] == "untrimmed")
         for method, style in (("vanilla", "o-"), ("RDK fitted", "s-"), ("RDK prior", "^--")):
@@ -230,4 +216,3 @@ def plot_rdk_report(report: dict, path) -> None:
     fig.suptitle(f"RDK vs vanilla pruned sampling ({report['config']['target']})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -19,7 +19,10 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers.generation.candidate_generator import AssistedCandidateGenerator
 
-from .drafter import TrimmedDrafter
+from ..cost import iid_acceptance
+from ..drafter import TrimmedDrafter, set_draft_length
+from ..generation import SpeculationStats
+from .data import eval_prompts, first_exchange, load_workload  # noqa: F401 (re-exported)
 
 
 @dataclass
@@ -33,16 +36,24 @@ class Method:
     name: str
     assistant: torch.nn.Module | None = None
     attrs: dict = field(default_factory=dict)
+    prepare: Callable[[], object] | None = None  # called (untimed) before each of this method's calls
+    kind: str = ""  # "target", "hf_assisted", "trimmed" (derived from the assistant when left empty)
+
+    def __post_init__(self):
+        if not self.kind:
+            self.kind = ("target" if self.assistant is None
+                         else "trimmed" if isinstance(self.assistant, TrimmedDrafter) else "hf_assisted")
 
 
 @dataclass
 class MethodResult:
     name: str
+    kind: str = ""  # as Method.kind: rows are found by kind and fields, never by parsing names
+    kept_vocab: int | None = None  # trimmed drafters: kept head rows
+    context_tokens: bool | None = None  # trimmed drafters: context tokens on for this method
     new_tokens: int = 0
     seconds: float = 0.0
-    rounds: int = 0
-    proposed: int = 0
-    accepted: int = 0
+    stats: SpeculationStats = field(default_factory=SpeculationStats)  # summed over this method's calls
     tokens_per_s_runs: list[float] = field(default_factory=list)
     outputs: list[list[int]] = field(default_factory=list)
     speculative: bool = False
@@ -55,6 +66,18 @@ class MethodResult:
     @property
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def rounds(self) -> int:
+        return self.stats.rounds
+
+    @property
+    def proposed(self) -> int:
+        return self.stats.proposed
+
+    @property
+    def accepted(self) -> int:
+        return self.stats.accepted
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -104,8 +127,10 @@ class MethodResult:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        for key in ("outputs", "target_step_s", "draft_step_s"):
+        for key in ("outputs", "target_step_s", "draft_step_s", "stats"):
             d.pop(key)
+        d.update({k: getattr(self.stats, k) for k in ("rounds", "proposed", "accepted", "pruned_proposed",
+                                                      "context_proposed")})
         d.update(tokens_per_s=self.tokens_per_s, acceptance_rate=self.acceptance_rate,
                  mean_accepted_length=self.mean_accepted_length, target_seconds=self.target_seconds,
                  drafter_seconds=self.drafter_seconds, other_seconds=self.other_seconds,
@@ -141,21 +166,9 @@ def speculation_vs_target(r: MethodResult, base: MethodResult) -> dict:
         return out
     drafts = r.proposed / r.rounds
     c = draft / verify
-    out.update(draft_verify_cost_ratio=c, acceptance_iid=_iid_acceptance(tau, drafts),
+    out.update(draft_verify_cost_ratio=c, acceptance_iid=iid_acceptance(tau, drafts),
                expected_speedup_theory=tau / (drafts * c + 1) * decode / verify)
     return out
-
-
-def _iid_acceptance(tau: float, drafts: float) -> float:
-    """a with (1 - a^(L+1)) / (1 - a) = tau (increasing in a on [0, 1]), by bisection."""
-    lo, hi = 0.0, 1.0
-    for _ in range(50):
-        a = (lo + hi) / 2
-        if (1 - a ** (drafts + 1)) / (1 - a) < tau:
-            lo = a
-        else:
-            hi = a
-    return (lo + hi) / 2
 
 
 class ForwardTimer:
@@ -288,7 +301,13 @@ def compare_methods(
     set on its assistant for that call only.
     """
     generate_kwargs = dict(generate_kwargs or {})
-    results = {m.name: MethodResult(m.name, speculative=m.assistant is not None) for m in methods}
+    results = {}
+    for m in methods:
+        trimmed = isinstance(m.assistant, TrimmedDrafter)
+        results[m.name] = MethodResult(
+            m.name, kind=m.kind, speculative=m.assistant is not None,
+            kept_vocab=m.assistant.config.draft_vocab_size if trimmed else None,
+            context_tokens=bool(m.attrs.get("use_context_tokens", m.assistant.use_context_tokens)) if trimmed else None)
     steps = [(r, i, m) for r in range(repeats) for i in range(len(prompts)) for m in methods]
     per_run = {(m.name, r): [0, 0.0] for m in methods for r in range(repeats)}
     iterator = progress(steps) if progress else steps
@@ -296,12 +315,16 @@ def compare_methods(
     try:
         # warm-up (untimed): first calls pay one-off allocation costs
         for m in methods:
+            if m.prepare is not None:
+                m.prepare()
             with applied_attrs(m.assistant, m.attrs):
                 target.generate(prompts[0], attention_mask=torch.ones_like(prompts[0]), max_new_tokens=4,
                                 assistant_model=m.assistant, **generate_kwargs)
         for r, i, m in iterator:
             ids = prompts[i]
             res = results[m.name]
+            if m.prepare is not None:
+                m.prepare()
             torch.manual_seed(seed + i)
             with applied_attrs(m.assistant, m.attrs), count_hf_acceptance() as hf_counts, timer.timing(res):
                 t0 = time.perf_counter()
@@ -318,14 +341,9 @@ def compare_methods(
             if r == 0:
                 res.outputs.append(out[0, ids.shape[1]:].tolist())
             if isinstance(m.assistant, TrimmedDrafter):
-                stats = m.assistant.last_speculation_stats
-                res.rounds += stats.rounds
-                res.proposed += stats.proposed
-                res.accepted += stats.accepted
+                res.stats.add(m.assistant.last_speculation_stats)
             elif m.assistant is not None:
-                res.rounds += hf_counts["rounds"]
-                res.proposed += hf_counts["proposed"]
-                res.accepted += hf_counts["accepted"]
+                res.stats.add(SpeculationStats(**hf_counts))
     finally:
         timer.remove()
     for (name, _r), (n, dt) in per_run.items():
@@ -360,9 +378,9 @@ def method_rows(results: dict[str, MethodResult], baseline: str = "target only",
     rows = {}
     for name, r in results.items():
         row = r.to_dict()
-        row["speedup_vs_target"] = _median_ratio(r, base)
+        row["speedup_vs_target"] = median_ratio(r, base)
         if hf_assisted is not None:
-            row["speedup_vs_hf_assisted"] = _median_ratio(r, results[hf_assisted])
+            row["speedup_vs_hf_assisted"] = median_ratio(r, results[hf_assisted])
         if r.speculative:
             row.update(speculation_vs_target(r, base))
         rows[name] = row
@@ -430,45 +448,38 @@ def run_benchmark(cfg: BenchConfig, out_dir, progress: Callable | None = None) -
     import json
     from pathlib import Path
 
-    from .coverage import count_assistant_tokens
-    from .drafter import trim_drafter
-    from .offline import load_chat_dataset, load_model, load_tokenizer
+    from ..coverage import count_assistant_tokens
+    from ..drafter import trim_drafter
+    from .offline import load_chat_dataset, load_model
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     dtype = getattr(torch, cfg.drafter_dtype)
-    tokenizer = load_tokenizer(cfg.target)
-    vocab_ds = load_chat_dataset(cfg.vocab_dataset)
-    n_count = min(cfg.count_examples, len(vocab_ds) - 500)
-    counts = count_assistant_tokens(vocab_ds.select(range(n_count)), tokenizer, progress=progress is not None)
-    target = load_model(cfg.target, dtype=torch.float32).eval()
+    work = load_workload(cfg.target, cfg.vocab_dataset, cfg.count_examples, progress=progress is not None)
+    tokenizer, target, counts, vocab_held_out = work.tokenizer, work.target, work.counts, work.held_out
     drafter_name = cfg.drafter or cfg.target
     full = load_model(drafter_name, dtype=dtype).eval()
-    gen = full.generation_config
-    gen.num_assistant_tokens, gen.num_assistant_tokens_schedule = cfg.num_assistant_tokens, "constant"
-    gen.assistant_confidence_threshold = 0.0
+    set_draft_length(full.generation_config, cfg.num_assistant_tokens)
     methods = [Method("target only"), Method("HF assisted (untrimmed)", full)]
     trimmed = []
     sizes = [counts.smallest_k_for_coverage(c) for c in cfg.coverages] + list(cfg.ks)
     for k in sorted(set(sizes)):
         d = trim_drafter(load_model(drafter_name, dtype=dtype), counts.top_k(k), tokenizer=tokenizer)
-        d.generation_config.num_assistant_tokens = cfg.num_assistant_tokens
+        set_draft_length(d.generation_config, cfg.num_assistant_tokens)
         name = f"trimmed k={d.config.draft_vocab_size}"
         trimmed.append(d)
         methods.append(Method(name, d, attrs={"use_context_tokens": False}))
         if cfg.context_tokens:  # same drafter object, switch flipped per generate call
             methods.append(Method(f"{name} +context", d, attrs={"use_context_tokens": True}))
 
-    from .cost import measure_draft_latency
+    from ..cost import measure_draft_latency
 
     curve = measure_draft_latency(full, sorted({d.config.draft_vocab_size for d in trimmed} | {len(tokenizer)}))
     curve.plot(out / "draft_latency_vs_vocab.png")
     report = {"config": asdict(cfg), "machine": machine_info(), "full_vocab": len(tokenizer),
               "draft_step_latency": curve.to_dict(), "runs": []}
     for workload in cfg.workloads:
-        ds = vocab_ds if workload == cfg.vocab_dataset else load_chat_dataset(workload)
-        start = n_count if workload == cfg.vocab_dataset else 0
-        held_out = ds.select(range(start, len(ds)))
+        held_out = vocab_held_out if workload == cfg.vocab_dataset else load_chat_dataset(workload)
         eval_counts = count_assistant_tokens(held_out, tokenizer, progress=False)
         prompts = eval_prompts(held_out, tokenizer, 0, cfg.prompts, 512, cfg.answer_prefix_tokens)
         for mode in cfg.modes:
@@ -477,9 +488,7 @@ def run_benchmark(cfg: BenchConfig, out_dir, progress: Callable | None = None) -
             rows = method_rows(res, "target only", "HF assisted (untrimmed)")
             for m in methods:
                 if isinstance(m.assistant, TrimmedDrafter):
-                    rows[m.name].update(kept_vocab=m.assistant.config.draft_vocab_size,
-                                        eval_coverage=eval_counts.coverage_of(m.assistant.d2t),
-                                        context_tokens=bool(m.attrs.get("use_context_tokens")))
+                    rows[m.name]["eval_coverage"] = eval_counts.coverage_of(m.assistant.d2t)
             base = res["target only"]
             identical = all(res[m.name].outputs == base.outputs for m in methods) if mode == "greedy" else None
             report["runs"].append({"workload": workload, "in_domain": workload == cfg.vocab_dataset, "mode": mode,
@@ -490,7 +499,7 @@ def run_benchmark(cfg: BenchConfig, out_dir, progress: Callable | None = None) -
     return report
 
 
-def _median_ratio(r: MethodResult, base: MethodResult) -> dict:
+def median_ratio(r: MethodResult, base: MethodResult) -> dict:
     """Per-repeat tokens/s ratios (same run, interleaved): median and spread."""
     ratios = [a / b for a, b in zip(r.tokens_per_s_runs, base.tokens_per_s_runs) if b]
     if not ratios:
@@ -529,7 +538,7 @@ def format_report(report: dict) -> str:
             fmt = lambda d: f"{d['median']:.2f}x ({d['min']:.2f}-{d['max']:.2f})" if d["median"] else "-"  # noqa: E731
             acc = f"{row['acceptance_rate']:.1%}" if row["acceptance_rate"] is not None else "-"
             tau = f"{row['mean_accepted_length']:.2f}" if row["mean_accepted_length"] is not None else "-"
-            kv = f"{row['kept_vocab']:,}" if "kept_vocab" in row else ("full" if "HF" in name else "-")
+            kv = f"{row['kept_vocab']:,}" if "kept_vocab" in row else ("full" if row.get("kind") == "hf_assisted" else "-")
             cov = f"{row['eval_coverage']:.1%}" if "eval_coverage" in row else "-"
             lines.append(f"| {run['workload']} ({dom}) | {run['mode']} | {name} | {kv} | {cov} | "
                          f"{row['tokens_per_s']:.2f} | {fmt(vs_t)} | {fmt(vs_h)} | {acc} | {tau} | {_timing_cells(row)} |")
@@ -538,12 +547,10 @@ def format_report(report: dict) -> str:
 
 def plot_report(report: dict, out_dir) -> None:
     """tokens/s and tau vs kept vocabulary size (full vocabulary = HF assisted), per workload and mode."""
-    import matplotlib
+    from matplotlib.figure import Figure  # no pyplot: leaves the user's backend alone
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig = Figure(figsize=(11, 4))
+    axes = fig.subplots(1, 2)
     for run in report["runs"]:
         label = f"{run['workload'].removeprefix('offline:')} {run['mode']}"
         for context in (False, True):  # one line per switch: both share the kept sizes
@@ -565,46 +572,3 @@ def plot_report(report: dict, out_dir) -> None:
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(f"{out_dir}/throughput_vs_vocab.png", dpi=120)
-    plt.close(fig)
-
-
-def first_exchange(example: dict, tokenizer, min_user_chars: int = 0) -> tuple[torch.LongTensor, str | None] | None:
-    """A conversation's first user turn, chat-templated with a generation prompt ((1, T) ids), and the text of
-    the assistant reply that follows it (stripped; None if none); None without a user turn of that length."""
-    msgs = example["messages"]
-    user = next((j for j, m in enumerate(msgs) if m["role"] == "user"), None)
-    if user is None or len(msgs[user]["content"]) < min_user_chars:
-        return None
-    reply = msgs[user + 1] if user + 1 < len(msgs) and msgs[user + 1]["role"] == "assistant" else None
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": msgs[user]["content"]}],
-                                        add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
-    return ids, (reply["content"].strip() if reply is not None else None)
-
-
-def eval_prompts(
-    dataset, tokenizer, start: int, n: int, max_prompt_tokens: int, answer_prefix_tokens: int = 0
-) -> list[torch.LongTensor]:
-    """Held-out prompts: a conversation's first user turn, chat-templated with a generation prompt.
-
-    With ``answer_prefix_tokens`` > 0 the prompt also carries the first tokens of the reference assistant
-    answer, so generation continues real assistant text: a realistic in-domain workload that also works
-    for BASE models (Gemma-3-270M), which otherwise drift into repetition on bare chat prompts.
-    """
-    prompts = []
-    for i in range(start, len(dataset)):
-        exchange = first_exchange(dataset[i], tokenizer, min_user_chars=20)
-        if exchange is None:
-            continue
-        ids, answer = exchange
-        if answer_prefix_tokens:
-            if answer is None:
-                continue
-            prefix = tokenizer(answer, add_special_tokens=False)["input_ids"]
-            if len(prefix) < 4 * answer_prefix_tokens:
-                continue
-            ids = torch.cat([ids, torch.tensor([prefix[:answer_prefix_tokens]])], dim=1)
-        if ids.shape[1] <= max_prompt_tokens:
-            prompts.append(ids)
-        if len(prompts) == n:
-            break
-    return prompts

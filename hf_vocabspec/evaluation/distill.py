@@ -24,12 +24,9 @@ from __future__ import annotations
 import copy
 import json
 import os
-import shutil
 import signal
-import tempfile
 import threading
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,7 +35,8 @@ import torch
 import torch.nn.functional as F
 from jinja2 import TemplateError
 
-from .coverage import _ASSISTANT_ROLES, assistant_turn_format, normalized_messages
+from .._io import atomic_directory, recover_directory
+from ..coverage import _ASSISTANT_ROLES, assistant_turn_format, normalized_messages
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -320,38 +318,6 @@ def _trainable(student, cfg: DistillConfig) -> list[tuple[str, torch.nn.Paramete
 # ----------------------------------------------------------------------------------------- checkpointing
 
 
-def _write_atomic_dir(final: Path, write) -> None:
-    """Build the checkpoint in a sibling temp dir, then swap it in (os.replace); the old one goes last."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o755)  # mkdtemp and safetensors make owner-only entries; a checkpoint is for sharing
-        for f in tmp.iterdir():
-            os.chmod(f, 0o644)
-        old = None
-        if final.exists():
-            old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
-            os.replace(final, old)
-        os.replace(tmp, final)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _recover(final: Path) -> None:
-    """Finish a swap a kill interrupted (only the old checkpoint was renamed) and drop stale temp dirs."""
-    parent = final.parent
-    if not parent.is_dir():
-        return
-    olds = sorted(parent.glob(f".{final.name}.old-*"), key=lambda p: p.stat().st_mtime)
-    if not final.exists() and olds and (olds[-1] / STATE_FILE).is_file():
-        os.replace(olds.pop(), final)
-    for stale in olds + list(parent.glob(f".{final.name}.tmp-*")):
-        shutil.rmtree(stale, ignore_errors=True)
-
-
 def _save_optimizer(opt: torch.optim.Optimizer, names: list[str], path: Path) -> dict:
     from safetensors.torch import save_file
 
@@ -450,7 +416,7 @@ def distill(cfg: DistillConfig, progress: bool = True) -> dict:
     t0 = time.perf_counter()
     _validate(cfg)
     out = Path(cfg.output_dir)
-    _recover(out)
+    recover_directory(out, lambda d: (d / STATE_FILE).is_file())
     state_path = out / STATE_FILE
     if out.exists() and not cfg.overwrite and not state_path.is_file() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not a distillation checkpoint (no {STATE_FILE}): choose a new "
@@ -539,7 +505,7 @@ def distill(cfg: DistillConfig, progress: bool = True) -> dict:
             (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
             (tmp / REPORT_FILE).write_text(json.dumps(report, indent=2))
 
-        _write_atomic_dir(out, write)
+        atomic_directory(out, write)
         return time.perf_counter() - ts
 
     stop_flag = threading.Event()

@@ -1,0 +1,85 @@
+"""Atomic writes: the one place files and directories are replaced, so an interrupted run loses nothing.
+
+A file is written to a temp sibling and renamed (``os.replace`` is atomic on POSIX); a directory is built
+in a temp sibling and swapped in, the old one renamed aside first and deleted last, so at every instant
+either the old or the new directory is complete (:func:`recover_directory` finishes a swap a kill cut).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
+    """Call ``write(tmp)`` on a temp sibling of ``path``, then rename it over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def atomic_directory(final: str | os.PathLike, build: Callable[[Path], object], *, shared: bool = True) -> Path:
+    """Build a directory with ``build(tmp)`` beside ``final`` and swap it in; the old one (if any) goes last.
+
+    ``shared``: make the result world-readable (mkdtemp and safetensors create owner-only entries).
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        build(tmp)
+        if shared:
+            os.chmod(tmp, 0o755)
+            for f in tmp.rglob("*"):
+                os.chmod(f, 0o755 if f.is_dir() else 0o644)
+        old = None
+        if final.exists():
+            old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+            os.replace(final, old)
+        os.replace(tmp, final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def recover_directory(final: str | os.PathLike, complete: Callable[[Path], bool]) -> None:
+    """Finish a swap that a kill interrupted (only the old directory was renamed aside), drop stale temps.
+
+    ``complete(dir)`` says whether a renamed-aside directory is whole enough to restore.
+    """
+    final = Path(final)
+    parent = final.parent
+    if not parent.is_dir():
+        return
+    olds = sorted(parent.glob(f".{final.name}.old-*"), key=lambda p: p.stat().st_mtime)
+    if not final.exists() and olds and complete(olds[-1]):
+        os.replace(olds.pop(), final)
+    for stale in olds + list(parent.glob(f".{final.name}.tmp-*")):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def build_once(final: str | os.PathLike, build: Callable[[Path], object]) -> Path:
+    """Build a cache directory once across processes (file lock), atomically; return it if it exists."""
+    final = Path(final)
+    if final.exists():
+        return final
+    from filelock import FileLock
+
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(final.parent / f".{final.name}.lock")):
+        if final.exists():  # another process finished while we waited
+            return final
+        return atomic_directory(final, build)

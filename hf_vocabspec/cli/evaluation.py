@@ -1,0 +1,273 @@
+"""The evaluation commands: demo, bench, acceptance, rdk-bench, distill (tooling in hf_vocabspec.evaluation)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from ._common import DTYPES, log
+
+
+def cmd_demo(args) -> int:
+    from tqdm.auto import tqdm
+
+    from ..drafter import TrimmedDrafter, set_draft_length, trim_drafter
+    from ..evaluation.benchmark import Method, compare_methods, format_table
+    from ..evaluation.data import count_split, eval_prompts
+    from ..evaluation.offline import load_chat_dataset, load_model, load_tokenizer
+
+    torch.set_num_threads(args.threads or torch.get_num_threads())
+    out_dir = Path(args.output)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+
+    log(f"1/5 counting assistant tokens of {args.dataset} with the tokenizer of {args.target}")
+    tokenizer = load_tokenizer(args.target)
+    dataset = load_chat_dataset(args.dataset)
+    from ..coverage import count_assistant_tokens
+
+    counted, held_out = count_split(dataset, args.count_examples or len(dataset), min_held_out=0)
+    counts = count_assistant_tokens(counted, tokenizer, progress=True)
+    counts.save(out_dir / "counts.safetensors")
+    keep = counts.top_k(counts.smallest_k_for_coverage(args.min_coverage))
+    k = int(keep.numel())
+    log(f"    {counts.num_tokens:,} tokens; top-{k:,} of {len(tokenizer):,} cover {counts.coverage(k):.2%}")
+
+    log(f"2/5 loading target (fp32) and drafter ({args.drafter_dtype} copy of the target)")
+    target = load_model(args.target, dtype=torch.float32).eval()
+    drafter_full = load_model(args.drafter or args.target, dtype=DTYPES[args.drafter_dtype]).eval()
+    set_draft_length(drafter_full.generation_config, args.num_assistant_tokens)
+
+    log("3/5 trimming, saving and reloading the drafter")
+    trimmed = trim_drafter(
+        load_model(args.drafter or args.target, dtype=DTYPES[args.drafter_dtype]), keep, tokenizer=tokenizer,
+        target_model=args.target,
+        selection={"min_coverage": args.min_coverage, "k": k, "coverage": counts.coverage(k),
+                   "dataset": args.dataset, "count_examples": args.count_examples},
+    )
+    set_draft_length(trimmed.generation_config, args.num_assistant_tokens)
+    trimmed.save_pretrained(out_dir / "drafter")
+    tokenizer.save_pretrained(out_dir / "drafter")
+    del trimmed
+    from transformers import AutoModelForCausalLM
+
+    trimmed = AutoModelForCausalLM.from_pretrained(out_dir / "drafter", dtype=DTYPES[args.drafter_dtype]).eval()
+    assert isinstance(trimmed, TrimmedDrafter)
+
+    log(f"4/5 generating {args.prompts} held-out prompts x {args.max_new_tokens} tokens, greedy, "
+         f"{args.repeats} repeat(s), methods interleaved")
+    # the last 2,000 held-out conversations (the same prompts since the demo's first release)
+    prompts = eval_prompts(held_out, tokenizer, start=max(0, len(held_out) - 2000),
+                            n=args.prompts, max_prompt_tokens=args.max_prompt_tokens,
+                            answer_prefix_tokens=args.answer_prefix_tokens)
+    methods = [
+        Method("target only", None),
+        Method(f"HF assisted, untrimmed {args.drafter_dtype} drafter", drafter_full),
+        Method(f"hf_vocabspec trimmed drafter (k={k:,})", trimmed),
+    ]
+    results = compare_methods(
+        target, methods, prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+        generate_kwargs={"do_sample": False}, progress=lambda s: tqdm(s, desc="generate"),
+    )
+    names = [m.name for m in methods]
+    identical = results[names[2]].outputs == results[names[0]].outputs
+    table = format_table(results, baseline=names[0])
+
+    log("5/5 results")
+    summary = {
+        "target": args.target, "dataset": args.dataset, "kept_vocab": k, "full_vocab": len(tokenizer),
+        "coverage_on_counted_text": counts.coverage(k), "prompts": len(prompts),
+        "max_new_tokens": args.max_new_tokens, "greedy_output_identical_to_target": identical,
+        "methods": {n: r.to_dict() for n, r in results.items()},
+        "torch_threads": torch.get_num_threads(), "seconds_total": time.perf_counter() - t_start,
+        "date": time.strftime("%Y-%m-%d"), "cpu": os.uname().machine,
+    }
+    (out_dir / "results.json").write_text(json.dumps(summary, indent=2))
+    (out_dir / "results.md").write_text(table + "\n")
+    print(table)
+    from ..evaluation.benchmark import median_ratio
+
+    def ratio(a, b):
+        r = median_ratio(results[a], results[b])
+        return f"{r['median']:.2f}x (per-repeat range {r['min']:.2f}-{r['max']:.2f})"
+
+    summary["trimmed_vs_hf_assisted"] = median_ratio(results[names[2]], results[names[1]])
+    summary["trimmed_vs_target_only"] = median_ratio(results[names[2]], results[names[0]])
+    (out_dir / "results.json").write_text(json.dumps(summary, indent=2))
+    print(f"\ntrimmed vs HF assisted with the same untrimmed drafter: {ratio(names[2], names[1])}; "
+          f"vs target only: {ratio(names[2], names[0])}")
+    print(f"greedy output identical to target-only: {'yes' if identical else 'NO'}")
+    print(f"kept {k:,} of {len(tokenizer):,} tokens ({counts.coverage(k):.2%} of counted assistant tokens); "
+          f"drafter saved to {out_dir / 'drafter'}")
+    return 0 if identical or not args.strict else 1
+
+
+def cmd_bench(args) -> int:
+    from tqdm.auto import tqdm
+
+    from ..evaluation.benchmark import BenchConfig, run_benchmark
+
+    cfg = BenchConfig(
+        target=args.target, drafter=args.drafter, drafter_dtype=args.drafter_dtype, vocab_dataset=args.dataset,
+        count_examples=args.count_examples, coverages=tuple(args.coverages), ks=tuple(args.ks), workloads=tuple(args.workloads),
+        modes=tuple(args.modes), prompts=args.prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+        num_assistant_tokens=args.num_assistant_tokens, context_tokens=args.context_tokens,
+    )
+    report = run_benchmark(cfg, args.output, progress=lambda s: tqdm(s, desc="generate"))
+    from ..evaluation.benchmark import format_report
+
+    print(format_report(report))
+    log(f"results: {args.output}/results.json, results.md, throughput_vs_vocab.png")
+    return 0
+
+
+def cmd_acceptance(args) -> int:
+    from tqdm.auto import tqdm
+
+    from ..evaluation.acceptance import run_acceptance_report
+
+    report = run_acceptance_report(args.target, args.output, dataset=args.dataset, count_examples=args.count_examples,
+                                   levels=args.levels, conversations=args.conversations,
+                                   temperatures=args.temperatures, num_draft_tokens=args.num_assistant_tokens,
+                                   progress=lambda s: tqdm(s, desc="score"))
+    from ..evaluation.acceptance import format_acceptance
+
+    print(f"{report['positions']} held-out answer positions, {report['conversations']} conversations")
+    print(format_acceptance(report))
+    print(f"wrote {args.output}/results.json, results.md, acceptance_vs_vocab.png")
+    return 0
+
+
+def cmd_rdk_bench(args) -> int:
+    from tqdm.auto import tqdm
+
+    from ..evaluation.rdk_benchmark import RDKBenchConfig, run_rdk_benchmark
+
+    cfg = RDKBenchConfig(
+        target=args.target, drafter_dtype=args.drafter_dtype, dataset=args.dataset,
+        count_examples=args.count_examples, levels=tuple(args.levels), temperatures=tuple(args.temperatures),
+        calibration_sequences=args.calibration_sequences, score_sequences=args.score_sequences,
+        num_targets=args.num_targets, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
+        repeats=args.repeats, generate=not args.no_generate,
+    )
+    report = run_rdk_benchmark(cfg, args.output, progress=lambda s: tqdm(s, desc="rdk-bench"))
+    print((Path(args.output) / "results.md").read_text())
+    print(f"done in {report['seconds_total']:.0f} s; results in {args.output}")
+    return 0
+
+
+def cmd_distill(args) -> int:
+    """Distil a small same-tokenizer drafter from the target (resumes from --output if it holds a run)."""
+    from ..evaluation.distill import DistillConfig, distill
+
+    if args.output is None:
+        name = str(args.target).removeprefix("offline:").rstrip("/").split("/")[-1]
+        args.output = f"results/distilled/{name}-{args.num_layers}l"
+    cfg = DistillConfig(
+        target=args.target, num_layers=args.num_layers, dataset=args.dataset, output_dir=args.output,
+        seq_len=args.seq_len, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
+        max_steps=args.max_steps, time_budget_s=args.time_budget, seed=args.seed, save_every=args.save_every,
+        eval_sequences=args.eval_sequences, target_dtype=args.target_dtype, autocast=not args.no_autocast,
+        freeze_embeddings=not args.train_embeddings, overwrite=args.overwrite,
+    )
+    if cfg.max_steps is None and cfg.time_budget_s is None:
+        cfg.max_steps = 1000
+    summary = distill(cfg, progress=True)
+    print(json.dumps(summary, indent=2))
+    log(f"student saved to {args.output} (stopped: {summary['stopped']}); report: {args.output}/distill_report.json")
+    return 0
+
+
+
+def register(sub) -> None:
+    d = sub.add_parser("demo", help="count -> trim -> save -> reload -> generate, vs target-only and HF assisted")
+    d.add_argument("--target", default="offline:gemma-3-270m")
+    d.add_argument("--drafter", default=None, help="default: a reduced-precision copy of the target")
+    d.add_argument("--drafter-dtype", choices=sorted(DTYPES), default="bfloat16")
+    d.add_argument("--dataset", default="offline:sharegpt")
+    d.add_argument("--count-examples", type=int, default=4000)
+    d.add_argument("--min-coverage", type=float, default=0.99)
+    d.add_argument("--prompts", type=int, default=4)
+    d.add_argument("--max-new-tokens", type=int, default=64)
+    d.add_argument("--max-prompt-tokens", type=int, default=256)
+    d.add_argument("--answer-prefix-tokens", type=int, default=32,
+                   help="prompts carry this many tokens of the reference answer (0: bare chat prompts)")
+    d.add_argument("--num-assistant-tokens", type=int, default=5)
+    d.add_argument("--repeats", type=int, default=1)
+    d.add_argument("--threads", type=int, default=None)
+    d.add_argument("--strict", action="store_true", help="exit 1 if greedy output differs from target-only")
+    d.add_argument("--output", default="results/demo")
+    d.set_defaults(func=cmd_demo)
+
+    b = sub.add_parser("bench", help="side-by-side benchmark: methods x vocabulary sizes x workloads x modes")
+    b.add_argument("--target", default="offline:gemma-3-270m")
+    b.add_argument("--drafter", default=None)
+    b.add_argument("--drafter-dtype", choices=sorted(DTYPES), default="bfloat16")
+    b.add_argument("--dataset", default="offline:sharegpt", help="domain the vocabulary is chosen on")
+    b.add_argument("--count-examples", type=int, default=4000)
+    b.add_argument("--coverages", type=float, nargs="*", default=[0.9, 0.95, 0.99])
+    b.add_argument("--ks", type=int, nargs="*", default=[], help="explicit kept sizes, e.g. a selected k and neighbours")
+    b.add_argument("--workloads", nargs="+", default=["offline:sharegpt", "offline:humaneval"])
+    b.add_argument("--modes", nargs="+", choices=["greedy", "t0.7", "t1"], default=["greedy"])
+    b.add_argument("--prompts", type=int, default=3)
+    b.add_argument("--max-new-tokens", type=int, default=48)
+    b.add_argument("--repeats", type=int, default=2)
+    b.add_argument("--num-assistant-tokens", type=int, default=5)
+    b.add_argument("--context-tokens", action="store_true",
+                   help="also run every trimmed k with context tokens on (same drafter, method 'trimmed k=K +context')")
+    b.add_argument("--output", default="results/bench")
+    b.set_defaults(func=cmd_bench)
+
+    ac = sub.add_parser("acceptance", help="exact expected acceptance vs kept vocabulary: vanilla vs context tokens")
+    ac.add_argument("--target", default="offline:gemma-3-270m")
+    ac.add_argument("--dataset", default="offline:sharegpt")
+    ac.add_argument("--count-examples", type=int, default=4000)
+    ac.add_argument("--levels", type=float, nargs="+", default=[0.5, 0.75, 0.9, 0.95, 0.97], help="pruned shares")
+    ac.add_argument("--conversations", type=int, default=24, help="held-out conversations scored")
+    ac.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.7])
+    ac.add_argument("--num-assistant-tokens", type=int, default=5)
+    ac.add_argument("--output", default="results/acceptance")
+    ac.set_defaults(func=cmd_acceptance)
+
+    rb = sub.add_parser("rdk-bench", help="RDK evidence: acceptance and tau vs kept vocabulary, vanilla vs RDK")
+    rb.add_argument("--target", default="offline:gemma-3-270m")
+    rb.add_argument("--drafter-dtype", choices=sorted(DTYPES), default="bfloat16")
+    rb.add_argument("--dataset", default="offline:sharegpt")
+    rb.add_argument("--count-examples", type=int, default=4000)
+    rb.add_argument("--levels", type=float, nargs="+", default=[0.5, 0.75, 0.9, 0.95, 0.97])
+    rb.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.7])
+    rb.add_argument("--calibration-sequences", type=int, default=150)
+    rb.add_argument("--score-sequences", type=int, default=12)
+    rb.add_argument("--num-targets", type=int, default=8)
+    rb.add_argument("--prompts", type=int, default=3)
+    rb.add_argument("--max-new-tokens", type=int, default=48)
+    rb.add_argument("--repeats", type=int, default=1)
+    rb.add_argument("--no-generate", action="store_true", help="only fit and score kernels (no generation)")
+    rb.add_argument("--output", default="results/rdk")
+    rb.set_defaults(func=cmd_rdk_bench)
+
+    ds = sub.add_parser("distill", help="distil a small same-tokenizer drafter: the target's first layers, trained by KL")
+    ds.add_argument("--target", default="offline:smollm2-135m-instruct")
+    ds.add_argument("--num-layers", type=int, default=4, help="student depth (the target's first N layers)")
+    ds.add_argument("--dataset", default="offline:sharegpt", help="chat dataset; trains on assistant positions")
+    ds.add_argument("--max-steps", type=int, default=None, help="default 1000 when --time-budget is not given")
+    ds.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                    help="stop cleanly (eval + save included) within this wall-clock time")
+    ds.add_argument("--seq-len", type=int, default=256)
+    ds.add_argument("--batch-size", type=int, default=8)
+    ds.add_argument("--lr", type=float, default=3e-4)
+    ds.add_argument("--warmup-steps", type=int, default=10)
+    ds.add_argument("--save-every", type=int, default=50)
+    ds.add_argument("--eval-sequences", type=int, default=16, help="held-out sequences for top-1 agreement")
+    ds.add_argument("--seed", type=int, default=0)
+    ds.add_argument("--target-dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                    help="dtype of the target that gives training distributions (agreement is scored vs fp32)")
+    ds.add_argument("--no-autocast", action="store_true", help="train the student without bf16 autocast")
+    ds.add_argument("--train-embeddings", action="store_true", help="also train the (tied) embeddings / LM head")
+    ds.add_argument("--overwrite", action="store_true", help="start afresh instead of resuming from --output")
+    ds.add_argument("--output", default=None, help="default: results/distilled/<target>-<N>l")
+    ds.set_defaults(func=cmd_distill)

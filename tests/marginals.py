@@ -1,0 +1,119 @@
+"""Exact-marginal lossless checks shared by every generation mode's tests (plain, context tokens, RDK, SSD,
+verify head): thousands of short generations through ``target.generate(assistant_model=...)``, first two
+generated tokens compared with the EXACT target marginals (enumerated tiny vocabulary) by chi-square;
+p-value >= PVALUE_THRESHOLD passes (fixed seeds: deterministic). Each mode's test file also runs the check
+with a deliberately wrong q, which must FAIL (power)."""
+
+from __future__ import annotations
+
+import torch
+from scipy import stats
+from tiny import EOS, VOCAB, make_pair
+from transformers import LogitsProcessorList
+from transformers.generation.logits_process import (
+    RepetitionPenaltyLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+import hf_vocabspec
+
+PVALUE_THRESHOLD = 1e-3
+N_DRAWS = 2000
+PROMPT = torch.tensor([[1, 5, 7, 12, 9]])
+
+
+def reference_processors(temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0) -> LogitsProcessorList:
+    """The processors HF builds for these knobs, in HF's order (min length, penalties, then warpers).
+
+    The draws use min_new_tokens=3, so EOS is impossible at the two positions tested.
+    """
+    procs = LogitsProcessorList([SuppressTokensLogitsProcessor([EOS])])
+    if repetition_penalty != 1.0:
+        procs.append(RepetitionPenaltyLogitsProcessor(repetition_penalty))
+    if temperature != 1.0:
+        procs.append(TemperatureLogitsWarper(temperature))
+    if top_k:
+        procs.append(TopKLogitsWarper(top_k))
+    if top_p < 1.0:
+        procs.append(TopPLogitsWarper(top_p))
+    return procs
+
+
+@torch.no_grad()
+def exact_marginals(target, prompt, knobs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact distributions of generated tokens 1 and 2 under target-only sampling."""
+    procs = reference_processors(**knobs)
+    logits1 = target(prompt).logits[:, -1].float()
+    p1 = procs(prompt, logits1).softmax(-1)[0].double()
+    ctx = torch.cat([prompt.repeat(VOCAB, 1), torch.arange(VOCAB)[:, None]], dim=1)
+    logits2 = target(ctx).logits[:, -1].float()
+    p2_given = torch.stack([procs(ctx[i : i + 1], logits2[i : i + 1])[0] for i in range(VOCAB)]).softmax(-1).double()
+    return p1, p1 @ p2_given
+
+
+def draw(target, drafter, knobs, n=N_DRAWS, seed=1234, prompt=PROMPT) -> torch.Tensor:
+    torch.manual_seed(seed)
+    L = prompt.shape[1]
+    out = torch.empty(n, 2, dtype=torch.long)
+    for i in range(n):
+        seq = target.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            do_sample=True,
+            max_new_tokens=3,
+            min_new_tokens=3,
+            num_assistant_tokens=2,
+            assistant_model=drafter,
+            **({"top_k": 0} | knobs),
+        )
+        out[i] = seq[0, L : L + 2]
+    return out
+
+
+def chi2_pvalue(samples: torch.Tensor, probs: torch.Tensor) -> float:
+    """Goodness of fit; cells with expected count < 5 are pooled into one cell."""
+    n = samples.numel()
+    observed = torch.bincount(samples, minlength=probs.numel()).double()
+    expected = probs * n
+    big = expected >= 5
+    obs = torch.cat([observed[big], observed[~big].sum()[None]])
+    exp = torch.cat([expected[big], expected[~big].sum()[None]])
+    if exp[-1] < 1e-9:
+        obs, exp = obs[:-1], exp[:-1]
+    exp = exp * obs.sum() / exp.sum()
+    return float(stats.chisquare(obs.numpy(), exp.numpy()).pvalue)
+
+
+def check_lossless(target, drafter, knobs, pruned_probe: int | None = None, prompt=PROMPT) -> dict:
+    p1, p2 = exact_marginals(target, prompt, knobs)
+    samples = draw(target, drafter, knobs, prompt=prompt)
+    result = {"p_first": chi2_pvalue(samples[:, 0], p1), "p_second": chi2_pvalue(samples[:, 1], p2)}
+    assert result["p_first"] >= PVALUE_THRESHOLD, result
+    assert result["p_second"] >= PVALUE_THRESHOLD, result
+    if pruned_probe is not None:
+        # A token the drafter cannot propose still appears at the target's rate (it comes from the residual).
+        n = samples.shape[0]
+        rate, expect = float((samples[:, 0] == pruned_probe).double().mean()), float(p1[pruned_probe])
+        z = abs(rate - expect) / max((expect * (1 - expect) / n) ** 0.5, 1e-12)
+        result["pruned_rate"], result["pruned_expected"], result["z"] = rate, expect, z
+        assert expect > 0.02, "test setup: the probe token should carry real target mass"
+        assert z < 4.0, result
+    return result
+
+
+def pruned_drafter(kind="llama", n_pruned=24, seed=0):
+    """Trim so that the target's 2nd most likely first token is pruned (exercises the residual)."""
+    target, base = make_pair(kind, seed=seed, head_scale=12.0)
+    with torch.no_grad():
+        p1 = target(PROMPT).logits[0, -1].softmax(-1)
+    order = p1.argsort(descending=True).tolist()
+    probe = order[1]
+    rest = [t for t in order[3:] if t != 2]
+    pruned = {probe, *rest[:n_pruned - 1]}
+    keep = [t for t in range(VOCAB) if t not in pruned]
+    drafter = hf_vocabspec.trim_drafter(base, keep)
+    assert probe not in drafter.d2t.tolist()
+    return target, drafter, probe
