@@ -1,0 +1,236 @@
+"""SSD (hf_vocabspec.ssd): tree drafting is exact, and the output is exactly the target's.
+
+Statistical method as in test_lossless.py: chi-square goodness of fit of the first THREE generated tokens
+against the EXACT target marginals (enumerated 64-token vocabulary), p-value >= 1e-3 passes, fixed
+seeds, 1,000 draws. Three tokens with L=2 drafts per round make the second and third tokens come from cached branches
+whenever the first round's outcome was predicted. Power check: drafts drawn from the Saguaro law q_C but
+verified against the unscaled q must fail the same test.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from test_lossless import chi2_pvalue, reference_processors
+from tiny import EOS, VOCAB, make_pair
+from transformers import GenerationConfig, LogitsProcessorList
+
+import hf_vocabspec
+from hf_vocabspec.ssd import SSDCandidateGenerator, SSDConfig, SSDStats, project_speedup
+
+PVALUE_THRESHOLD = 1e-3
+N_DRAWS = 1000  # 2,000 in test_lossless.py; SSD draws cost more (a tree per round)
+PROMPT = torch.tensor([[1, 5, 7, 12, 9]])
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models are dispatch-bound: one torch thread is faster and does not fight the other tests."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def generator(drafter, do_sample: bool, L: int = 3, F: int = 2, prompt=PROMPT, **cfg) -> SSDCandidateGenerator:
+    gc = GenerationConfig(do_sample=do_sample, max_length=200, eos_token_id=EOS, pad_token_id=0, top_k=None)
+    return SSDCandidateGenerator(prompt, drafter, gc, {}, logits_processor=LogitsProcessorList(),
+                                 ssd_config=SSDConfig(fan_out=F, num_assistant_tokens=L, fallback=False, **cfg))
+
+
+# --- tree decoding ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])  # gemma3: sliding window 4 < tree depth, softcapping
+def test_tree_matches_per_branch_decoding_and_crop_restores_the_cache(kind):
+    _, base = make_pair(kind, seed=2, head_scale=4.0)
+    drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)) + [3, 5])
+    prompt = torch.tensor([[1, 5, 7, 12, 9, 11, 4]])
+    torch.manual_seed(0)
+    gen = generator(drafter, do_sample=True, L=4, F=2, prompt=prompt)
+    drafts = gen._draft_inline(prompt, 4)
+    gen._predraft(prompt, drafts)
+    n_cache = prompt.shape[1] + drafts.tokens.numel()
+    assert gen.fed.numel() == n_cache and gen.cache.get_seq_length() == n_cache
+    assert len(gen.branches) >= 4 * 2 - 1  # F per depth (minus EOS roots), depth L included
+    worst = 0.0
+    with torch.no_grad():
+        for (j, t), branch in gen.branches.items():
+            assert t != int(drafts.tokens[j]) if j < drafts.tokens.numel() else True  # zero residual: never a root
+            seq = torch.cat([prompt[0], drafts.tokens[:j], torch.tensor([t])])
+            assert branch.base_len == seq.numel()
+            for s in range(branch.tokens.numel()):
+                ctx = torch.cat([seq, branch.tokens[:s]])[None]
+                hidden = drafter.model(ctx).last_hidden_state[:, -1]  # clean decoding of this branch alone
+                q = gen.vocab.logits(hidden).float().softmax(-1)[0]
+                worst = max(worst, float((q - branch.law[s]).abs().max()))
+        # the cache after the crop is the clean prefix: the next token's hidden state matches a clean forward
+        nxt = torch.tensor([[3]])
+        out = drafter.model(nxt, position_ids=torch.tensor([[n_cache]]), past_key_values=gen.cache, use_cache=True)
+        clean = drafter.model(torch.cat([prompt[0], drafts.tokens, nxt[0]])[None]).last_hidden_state[:, -1]
+    assert worst < 1e-5, worst
+    torch.testing.assert_close(out.last_hidden_state[:, -1], clean, atol=1e-5, rtol=1e-5)
+
+
+def test_saguaro_law_scales_the_top_tokens():
+    _, base = make_pair("llama", seed=1, head_scale=4.0)
+    drafter = hf_vocabspec.trim_drafter(base, list(range(VOCAB)))
+    gen = generator(drafter, do_sample=True, F=2, saguaro_scale=0.25)
+    logits = torch.randn(3, VOCAB)
+    _, law, top = gen._sample(logits)
+    q = logits.softmax(-1)
+    expect = q.clone()
+    expect.scatter_(1, top, q.gather(1, top) * 0.25)
+    torch.testing.assert_close(law, expect / expect.sum(-1, keepdim=True))
+    assert top.shape == (3, 3) and torch.equal(top, q.topk(3, dim=-1).indices)
+
+
+# --- greedy identity -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind,cfg", [("llama", {"fan_out": 3}), ("gemma3", {"fan_out": 1}),
+                                      ("llama", {"fan_out": 2, "backup": "none"})])
+def test_greedy_identical_to_target(kind, cfg):
+    target, base = make_pair(kind, seed=3, head_scale=8.0)
+    drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)) + [3, 5])
+    g = torch.Generator().manual_seed(0)
+    hits = accepted = 0
+    with drafter.with_ssd(SSDConfig(fallback=False, **cfg)) as ssd:
+        for _ in range(8):
+            prompt = torch.randint(3, VOCAB, (1, int(torch.randint(1, 12, (1,), generator=g))), generator=g)
+            ref = target.generate(prompt, do_sample=False, max_new_tokens=40)
+            out = target.generate(prompt, do_sample=False, max_new_tokens=40, assistant_model=ssd)
+            assert torch.equal(ref, out), (prompt, ref, out)
+            hits += ssd.last_stats.hits
+            accepted += ssd.last_stats.accepted
+    assert hits > 0 and accepted > 0  # cached branches were really used
+
+
+def test_hit_rate_is_high_when_the_drafter_is_the_target():
+    target, base = make_pair("llama", seed=3, head_scale=8.0, noise=0.0)
+    drafter = hf_vocabspec.trim_drafter(base, list(range(VOCAB)))
+    with drafter.with_ssd(SSDConfig(fan_out=1, fallback=False)) as ssd:
+        out = target.generate(PROMPT, do_sample=False, max_new_tokens=60, min_new_tokens=60, assistant_model=ssd)
+    ref = target.generate(PROMPT, do_sample=False, max_new_tokens=60, min_new_tokens=60)
+    assert torch.equal(ref, out)
+    stats = ssd.last_stats
+    assert isinstance(stats, SSDStats) and stats.lookups >= 5
+    assert stats.hit_rate >= 0.9, stats
+    assert ssd.closed
+
+
+# --- sampled marginals against the exact target marginals --------------------------------------------------------
+@torch.no_grad()
+def exact_marginals3(target, prompt, knobs) -> list[torch.Tensor]:
+    """Exact distributions of generated tokens 1, 2, 3 under target-only sampling (vocabulary enumerated)."""
+    procs = reference_processors(**knobs)
+
+    def cond(ctx):  # (N, n) contexts -> (N, V) next-token distributions
+        return procs(ctx, target(ctx).logits[:, -1].float()).softmax(-1).double()
+
+    p1 = cond(prompt)[0]
+    ctx1 = torch.cat([prompt.repeat(VOCAB, 1), torch.arange(VOCAB)[:, None]], dim=1)
+    p2_given = cond(ctx1)  # (V, V)
+    joint12 = p1[:, None] * p2_given
+    ctx2 = torch.cat([ctx1.repeat_interleave(VOCAB, 0), torch.arange(VOCAB).repeat(VOCAB)[:, None]], dim=1)
+    p3 = joint12.reshape(-1) @ cond(ctx2)
+    return [p1, joint12.sum(0), p3]
+
+
+def check_ssd_lossless(target, session, knobs, n=N_DRAWS, seed=1234) -> dict:
+    exact = exact_marginals3(target, PROMPT, knobs)
+    torch.manual_seed(seed)
+    L = PROMPT.shape[1]
+    samples = torch.empty(n, 3, dtype=torch.long)
+    hits = lookups = 0
+    for i in range(n):
+        seq = target.generate(PROMPT, attention_mask=torch.ones_like(PROMPT), do_sample=True, max_new_tokens=4,
+                              min_new_tokens=4, num_assistant_tokens=2, assistant_model=session,
+                              **({"top_k": 0} | knobs))
+        samples[i] = seq[0, L : L + 3]
+        hits += session.last_stats.hits
+        lookups += session.last_stats.lookups
+    result = {f"p{k + 1}": chi2_pvalue(samples[:, k], exact[k]) for k in range(3)}
+    result["hit_rate"] = hits / max(lookups, 1)
+    assert hits > n // 10, result  # the later tokens really came from cached branches
+    for k in range(3):
+        assert result[f"p{k + 1}"] >= PVALUE_THRESHOLD, result
+    return result
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """Peaked enough that outcomes are predictable (hits), ids >= 48 pruned (they come from the residual)."""
+    target, base = make_pair("llama", seed=0, head_scale=25.0, noise=0.3)
+    return target, hf_vocabspec.trim_drafter(base, [t for t in range(VOCAB) if t < 48])
+
+
+def test_sampling_t1_is_lossless(pair):
+    target, drafter = pair
+    with drafter.with_ssd(SSDConfig(fan_out=2, fallback=False)) as ssd:
+        check_ssd_lossless(target, ssd, {})
+
+
+def test_sampling_saguaro_with_temperature_topk_topp_is_lossless(pair):
+    target, drafter = pair
+    with drafter.with_ssd(SSDConfig(fan_out=2, saguaro_scale=0.3, fallback=False)) as ssd:
+        check_ssd_lossless(target, ssd, {"temperature": 0.7, "top_k": 20, "top_p": 0.9})
+
+
+def test_saguaro_drafts_verified_against_the_unscaled_q_fail(pair, monkeypatch):
+    """Power check: sample from q_C but hand the verifier the unscaled q -> the marginals must be off."""
+    target, drafter = pair
+    original = SSDCandidateGenerator._sample
+
+    def wrong_law(self, logits, saguaro=True):
+        idx, law, top = original(self, logits, saguaro)
+        return idx, (None if law is None else logits.softmax(-1)), top
+
+    monkeypatch.setattr(SSDCandidateGenerator, "_sample", wrong_law)
+    with drafter.with_ssd(SSDConfig(fan_out=1, saguaro_scale=0.2, fallback=False)) as ssd:
+        with pytest.raises(AssertionError):
+            check_ssd_lossless(target, ssd, {})
+
+
+# --- config, fallback, projection ------------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs,match", [
+    ({"fan_out": 0}, "fan_out"), ({"saguaro_scale": 0.0}, "saguaro_scale"), ({"saguaro_scale": 1.5}, "saguaro_scale"),
+    ({"backup": "fast"}, "backup"), ({"mode": "thread"}, "mode"), ({"num_assistant_tokens": 0}, "num_assistant_tokens"),
+    ({"draft_threads": 0}, "draft_threads"),
+])
+def test_config_refuses_bad_values_in_one_line(kwargs, match):
+    with pytest.raises(ValueError, match=match) as err:
+        SSDConfig(**kwargs)
+    assert "\n" not in str(err.value)
+
+
+def test_sync_fallback_says_so_and_stays_exact():
+    """Inline tree building cannot beat ordinary drafting on the same compute: default settings fall back."""
+    target, base = make_pair("llama", seed=3, head_scale=8.0)
+    drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)) + [3, 5])
+    with drafter.with_ssd(SSDConfig(fan_out=3, probe_rounds=4)) as ssd:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = target.generate(PROMPT, do_sample=False, max_new_tokens=40, min_new_tokens=40, assistant_model=ssd)
+    stats = ssd.last_stats
+    assert torch.equal(out, target.generate(PROMPT, do_sample=False, max_new_tokens=40, min_new_tokens=40))
+    assert stats.fell_back and "falling back" in stats.fallback_reason
+    assert any("falling back" in str(w.message) for w in caught)
+    assert stats.trees == 4 and stats.rounds > 4  # no tree after the decision
+
+
+def test_projection_formula():
+    # no hit, inline: pure overhead; perfect hits with t_spec <= t_v on dedicated compute: 1 + L t_d / t_v
+    common = dict(draft_step_s=0.01, verify_step_s=0.05, num_draft_tokens=5, tau_sd=3.0)
+    assert project_speedup(hit_rate=1.0, tree_s=0.04, compute="dedicated", **common).speedup == pytest.approx(2.0)
+    assert project_speedup(hit_rate=0.0, tree_s=0.04, compute="dedicated", **common).speedup == pytest.approx(1.0)
+    assert project_speedup(hit_rate=0.0, tree_s=0.04, compute="sync", **common).speedup < 1.0
+    p = project_speedup(hit_rate=0.8, tree_s=0.07, compute="dedicated", **common)
+    assert p.t_ssd_round == pytest.approx(0.05 + 0.2 * 0.05 + 0.02) and p.t_sd_round == pytest.approx(0.1)
+
+
+def test_session_is_refused_after_close():
+    target, base = make_pair("llama")
+    drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)))
+    ssd = drafter.with_ssd(SSDConfig())
+    ssd.close()
+    with pytest.raises(RuntimeError, match="with_ssd"):
+        target.generate(PROMPT, max_new_tokens=4, assistant_model=ssd)
