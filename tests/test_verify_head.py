@@ -1,0 +1,269 @@
+"""Verify-time LM head (verify_head.py): same logits as the target's head, chosen by measurement, applied only
+inside hf_vocabspec generate calls and restored after; lossless with a power check."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_lossless import check_lossless, pruned_drafter
+from tiny import VOCAB, make_pair
+from transformers import GenerationMixin, StoppingCriteria, StoppingCriteriaList
+
+import hf_vocabspec
+from hf_vocabspec import verify_head as vh
+
+PROMPT = torch.tensor([[1, 6, 9, 14]])
+
+
+@pytest.fixture
+def forced(monkeypatch):
+    """Force the weight-major kernel for every multi-row call (tiny heads would otherwise pick by timing)
+    and record the row counts the head saw."""
+    seen = []
+
+    def spy(x, weight, bias=None):
+        rows = x.numel() // x.shape[-1]
+        seen.append(rows)
+        return vh._weight_major(x, weight, bias) if rows > 1 else F.linear(x, weight, bias)
+
+    monkeypatch.setattr(vh, "head_forward", spy)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target, base = make_pair("llama", seed=7, head_scale=8.0)
+    drafter = hf_vocabspec.trim_drafter(base, range(0, VOCAB - 10))
+    drafter.generation_config.num_assistant_tokens = 5
+    return target, drafter
+
+
+# --- kernels ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_every_kernel_matches_f_linear(dtype, bias):
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(5000, 96, generator=g).to(dtype)
+    b = torch.randn(5000, generator=g).to(dtype) if bias else None
+    for rows in (2, 3, 6, 13):
+        x = torch.randn(1, rows, 96, generator=g).to(dtype)
+        ref = F.linear(x, weight, b)
+        for name, kernel in vh.KERNELS.items():
+            out = kernel(x, weight, b)
+            assert out.shape == ref.shape and out.dtype == ref.dtype, name
+            tol = 1e-5 if dtype == torch.float32 else 3e-2
+            torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol * ref.abs().max().item())
+            assert torch.equal(out.argmax(-1), ref.argmax(-1)), name
+
+
+def test_choice_is_made_by_measurement(monkeypatch):
+    """Fake kernels with known costs on a fake clock: the fastest wins only if it beats F.linear by the margin."""
+    calls = {"linear": 0, "fast": 0, "slightly": 0}
+    clock = [0.0]
+
+    class FakeTime:
+        @staticmethod
+        def perf_counter():
+            return clock[0]
+
+    def timed(name, seconds):
+        def kernel(x, w, b):
+            calls[name] += 1
+            clock[0] += seconds
+            return F.linear(x, w, b)
+        return kernel
+
+    monkeypatch.setattr(vh, "time", FakeTime)
+    monkeypatch.setattr(vh, "KERNELS", {"linear": timed("linear", 0.020), "fast": timed("fast", 0.005),
+                                        "slightly": timed("slightly", 0.019)})
+    monkeypatch.setattr(vh, "_CHOICES", {})
+    weight = torch.randn(100, 8)
+    with torch.no_grad():
+        choice = vh.measure_head(weight, rows=4)
+    assert choice.chosen == "fast" and choice.speedup == pytest.approx(4.0)
+    assert all(len(t) == vh.TRIALS for t in choice.timings_ms.values())
+    before = dict(calls)
+    with torch.no_grad():
+        vh.head_forward(torch.randn(1, 4, 8), weight)  # decided: no more trials, the winner runs
+    assert calls["fast"] == before["fast"] + 1 and calls["linear"] == before["linear"]
+    # a candidate within the margin does not replace the original head
+    monkeypatch.setattr(vh, "KERNELS", {"linear": timed("linear", 0.020), "slightly": timed("slightly", 0.019)})
+    with torch.no_grad():
+        assert vh.measure_head(weight, rows=5).chosen == "linear"
+    assert {c.key.rows for c in vh.kernel_choices()} == {4, 5}
+
+
+def test_one_row_and_prefill_keep_f_linear(monkeypatch):
+    monkeypatch.setattr(vh, "_CHOICES", {})
+    weight = torch.randn(100, 8)
+    with torch.no_grad():
+        for rows in (1, vh.MAX_ROWS + 1):
+            out = vh.head_forward(torch.randn(1, rows, 8), weight)
+            assert out.shape == (1, rows, 100)
+    assert vh.kernel_choices() == []  # no trial was started
+    with pytest.raises(ValueError, match="2..64 rows"):
+        vh.measure_head(weight, rows=1)
+
+
+# --- model-level replacement --------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])
+def test_model_logits_match_with_softcap_and_tied_weights(kind, forced):
+    """Gemma 3 ties the head to the embeddings and soft-caps AFTER the head: the model's own logits match."""
+    target, _ = make_pair(kind, seed=1, head_scale=8.0)
+    head = target.get_output_embeddings()
+    if kind == "gemma3":
+        assert head.weight is target.get_input_embeddings().weight and target.config.final_logit_softcapping
+    ids = torch.randint(3, VOCAB, (1, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = target(ids, logits_to_keep=6).logits
+        with vh.verify_head(target) as replaced:
+            assert replaced and "forward" in head.__dict__
+            out = target(ids, logits_to_keep=6).logits
+    assert forced == [6]  # the head ran once, over the 6 kept rows
+    assert "forward" not in head.__dict__  # restored
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(out.argmax(-1), ref.argmax(-1))
+    if kind == "gemma3":
+        assert out.abs().max() <= target.config.final_logit_softcapping  # the cap applied to our head's output
+
+
+def test_context_restores_after_error_and_is_reentrant(forced):
+    target, _ = make_pair("llama", seed=1)
+    head = target.get_output_embeddings()
+    with pytest.raises(RuntimeError, match="boom"):
+        with vh.verify_head(target):
+            with vh.verify_head(target) as inner:
+                assert inner is False  # already replaced: the inner block leaves it alone
+            assert "forward" in head.__dict__
+            raise RuntimeError("boom")
+    assert "forward" not in head.__dict__
+    with vh.verify_head(target, enabled=False) as replaced:
+        assert replaced is False and "forward" not in head.__dict__
+
+
+def test_quantised_or_hooked_heads_are_left_alone():
+    target, _ = make_pair("llama", seed=1)
+    head = target.get_output_embeddings()
+    head.forward = lambda x: F.linear(x, head.weight)  # e.g. an accelerate offload hook
+    try:
+        with vh.verify_head(target) as replaced:
+            assert replaced is False
+        assert "forward" in head.__dict__
+    finally:
+        del head.forward
+
+    class QLinear(torch.nn.Linear):
+        pass
+
+    target.lm_head = QLinear(32, VOCAB, bias=False)
+    with vh.verify_head(target) as replaced:
+        assert replaced is False
+
+
+# --- inside generate ----------------------------------------------------------------------------------
+def test_wrapper_keeps_signature_and_is_installed():
+    params = inspect.signature(GenerationMixin._assisted_decoding).parameters
+    assert "inputs_tensor" in params and "assistant_model" in params  # generate() inspects this signature
+    assert vh._ORIGINAL_ASSISTED_DECODING is not None
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])
+def test_greedy_identical_with_verify_head_on(kind, forced):
+    target, base = make_pair(kind, seed=3, head_scale=8.0)
+    drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)) + [3, 5])
+    assert drafter.use_verify_head
+    head = target.get_output_embeddings()
+    g = torch.Generator().manual_seed(0)
+    accepted = 0
+    for _ in range(8):
+        prompt = torch.randint(3, VOCAB, (1, int(torch.randint(1, 12, (1,), generator=g))), generator=g)
+        ref = target.generate(prompt, do_sample=False, max_new_tokens=30)
+        forced.clear()
+        out = target.generate(prompt, do_sample=False, max_new_tokens=30, assistant_model=drafter)
+        assert torch.equal(ref, out), (prompt, ref, out)
+        assert "forward" not in head.__dict__  # restored after the call
+        assert max(forced) > 1  # verify forwards went through the verify head
+        accepted += drafter.last_speculation_stats.accepted
+    assert accepted > 0
+
+
+def test_switch_off_and_plain_assistants_use_the_original_head(pair, forced):
+    target, drafter = pair
+    drafter.use_verify_head = False
+    try:
+        target.generate(PROMPT, do_sample=False, max_new_tokens=12, assistant_model=drafter)
+    finally:
+        drafter.use_verify_head = True
+    assert forced == []
+    # HF's own assisted generation with an ordinary model: untouched
+    plain, _ = make_pair("llama", seed=7, head_scale=8.0)
+    target.generate(PROMPT, do_sample=False, max_new_tokens=12, assistant_model=plain)
+    assert forced == []
+    target.generate(PROMPT, do_sample=False, max_new_tokens=12, assistant_model=drafter)
+    assert forced and max(forced) > 1
+
+
+def test_switch_is_saved_with_the_drafter(pair, tmp_path):
+    _, drafter = pair
+    drafter.config.verify_head = False
+    try:
+        drafter.save_pretrained(tmp_path)
+        loaded = hf_vocabspec.TrimmedDrafter.from_pretrained(tmp_path)
+    finally:
+        drafter.config.verify_head = True
+    assert loaded.config.verify_head is False and loaded.use_verify_head is False
+    assert hf_vocabspec.TrimmedDrafterConfig().verify_head is True
+
+
+def test_restored_after_an_exception_inside_generate(pair, forced):
+    target, drafter = pair
+
+    class Explode(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            raise RuntimeError("stop here")
+
+    with pytest.raises(RuntimeError, match="stop here"):
+        target.generate(PROMPT, do_sample=False, max_new_tokens=12, assistant_model=drafter,
+                        stopping_criteria=StoppingCriteriaList([Explode()]))
+    assert forced and "forward" not in target.get_output_embeddings().__dict__
+
+
+def test_uninstall_gives_back_the_original_and_install_is_idempotent():
+    wrapped = GenerationMixin._assisted_decoding
+    vh.install()
+    assert GenerationMixin._assisted_decoding is wrapped
+    vh.uninstall()
+    try:
+        assert GenerationMixin._assisted_decoding is wrapped.__wrapped__
+    finally:
+        vh.install()
+    assert GenerationMixin._assisted_decoding is not wrapped.__wrapped__
+
+
+# --- lossless sampling with the verify head, and its power check ---------------------------------------
+@pytest.fixture(scope="module")
+def lossless_pair():
+    return pruned_drafter("llama")
+
+
+def test_sampling_with_verify_head_is_lossless(lossless_pair, forced):
+    """Chi-square of the first two sampled tokens against the exact target marginals (test_lossless)."""
+    target, drafter, probe = lossless_pair
+    check_lossless(target, drafter, {"temperature": 0.9}, pruned_probe=probe)
+    assert 3 in forced  # num_assistant_tokens=2: verify forwards of 3 rows went through the verify head
+
+
+def test_wrong_verify_head_is_detected(lossless_pair, monkeypatch):
+    """Power check: a verify head whose multi-row logits are wrong (rows rolled by one token id) must fail."""
+    target, drafter, probe = lossless_pair
+
+    def wrong(x, weight, bias=None):
+        out = F.linear(x, weight, bias)
+        return out.roll(1, dims=-1) if x.numel() // x.shape[-1] > 1 else out
+
+    monkeypatch.setattr(vh, "head_forward", wrong)
+    with pytest.raises(AssertionError):
+        check_lossless(target, drafter, {"temperature": 0.9}, pruned_probe=probe)
