@@ -239,6 +239,24 @@ class _Branch(_Drafts):
     base_len: int = 0  # sequence length (committed + accepted + bonus) this branch continues
 
 
+def full_log_q(drafts: _Drafts, ids: torch.Tensor, k: int, rdk, vocab_size: int) -> torch.Tensor:
+    """(1, n, V) log of the law the drafts were drawn from, over the target vocabulary (once per round).
+
+    ``ids`` maps draft indices to target ids (append-only, so an older, narrower law maps with its prefix);
+    with an RDK kernel the kept part is redistributed exactly (q_RDK = M^T q'), as in generation.py.
+    """
+    law = drafts.law[None]  # (1, n, W)
+    ids = ids[: drafts.width]
+    if rdk is not None:
+        full = rdk.redistribute(law[..., :k])
+        if drafts.width > k:
+            full.index_add_(-1, ids[k:], law[..., k:])
+    else:
+        full = law.new_zeros((*law.shape[:-1], vocab_size))
+        full[..., ids] = law
+    return full.log()
+
+
 class SSDCandidateGenerator(TrimmedCandidateGenerator):
     """Synchronous SSD: tree pre-drafting inline after each round; also the worker process's engine."""
 
@@ -471,17 +489,7 @@ class SSDCandidateGenerator(TrimmedCandidateGenerator):
         seq = torch.cat([input_ids, drafts.tokens[None]], dim=1)
         if not self.do_sample:
             return seq, None
-        law = drafts.law[None]  # (1, n, W)
-        ids = self.vocab.ids[: drafts.width]
-        if self.rdk is not None:
-            k = self.vocab.k
-            full = self.rdk.redistribute(law[..., :k])
-            if drafts.width > k:
-                full.index_add_(-1, ids[k:], law[..., k:])
-        else:
-            full = law.new_zeros((*law.shape[:-1], self.drafter.config.vocab_size))
-            full[..., ids] = law
-        return seq, full.log()
+        return seq, full_log_q(drafts, self.vocab.ids, self.vocab.k, self.rdk, self.drafter.config.vocab_size)
 
     @torch.no_grad()
     def get_candidates(self, input_ids: torch.LongTensor, *args, **kwargs):

@@ -234,3 +234,51 @@ def test_session_is_refused_after_close():
     ssd.close()
     with pytest.raises(RuntimeError, match="with_ssd"):
         target.generate(PROMPT, max_new_tokens=4, assistant_model=ssd)
+
+
+# --- worker mode (the drafter in its own process) ---------------------------------------------------------------
+def test_worker_greedy_identical_with_the_same_hits_as_sync():
+    target, base = make_pair("llama", seed=3, head_scale=8.0)
+    drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)) + [3, 5])
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, VOCAB, (1, int(torch.randint(1, 12, (1,), generator=g))), generator=g) for _ in range(4)]
+    hits = {}
+    for mode in ("sync", "worker"):
+        with drafter.with_ssd(SSDConfig(fan_out=3, fallback=False, mode=mode)) as ssd:
+            hits[mode] = []
+            for prompt in prompts:
+                out = target.generate(prompt, do_sample=False, max_new_tokens=40, assistant_model=ssd)
+                assert torch.equal(out, target.generate(prompt, do_sample=False, max_new_tokens=40)), (mode, prompt)
+                hits[mode].append(ssd.last_stats.hits)
+            assert ssd.last_stats.mode == mode
+            proc = ssd.worker.proc if mode == "worker" else None
+        if proc is not None:
+            assert proc.poll() is not None  # leaving the block stopped the worker
+    assert hits["worker"] == hits["sync"] and sum(hits["sync"]) > 0
+
+
+def test_worker_sampling_with_saguaro_is_lossless(pair):
+    target, drafter = pair
+    with drafter.with_ssd(SSDConfig(fan_out=2, saguaro_scale=0.5, fallback=False, mode="worker")) as ssd:
+        check_ssd_lossless(target, ssd, {"temperature": 0.8})
+
+
+def test_killed_or_stuck_worker_raises_instead_of_hanging():
+    import signal
+    import time
+
+    from hf_vocabspec._ssd_worker import SSDWorkerError
+
+    target, base = make_pair("llama")
+    drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)))
+    with drafter.with_ssd(SSDConfig(mode="worker", worker_timeout_s=3.0, fallback=False)) as ssd:
+        target.generate(PROMPT, max_new_tokens=8, assistant_model=ssd)
+        ssd.worker.proc.send_signal(signal.SIGSTOP)  # alive but silent: the timeout decides
+        start = time.monotonic()
+        with pytest.raises(SSDWorkerError, match="did not answer within 3 s"):
+            target.generate(PROMPT, max_new_tokens=8, assistant_model=ssd)
+        assert time.monotonic() - start < 20
+        ssd.worker.proc.kill()
+        ssd.worker.proc.wait(timeout=10)
+        with pytest.raises(SSDWorkerError, match="crashed or was killed"):
+            target.generate(PROMPT, max_new_tokens=8, assistant_model=ssd)
