@@ -538,7 +538,7 @@ def format_report(report: dict) -> str:
             fmt = lambda d: f"{d['median']:.2f}x ({d['min']:.2f}-{d['max']:.2f})" if d["median"] else "-"  # noqa: E731
             acc = f"{row['acceptance_rate']:.1%}" if row["acceptance_rate"] is not None else "-"
             tau = f"{row['mean_accepted_length']:.2f}" if row["mean_accepted_length"] is not None else "-"
-            kv = f"{row['kept_vocab']:,}" if "kept_vocab" in row else ("full" if row.get("kind") == "hf_assisted" else "-")
+            kv = f"{row['kept_vocab']:,}" if row.get("kept_vocab") is not None else ("full" if row.get("kind") == "hf_assisted" else "-")
             cov = f"{row['eval_coverage']:.1%}" if "eval_coverage" in row else "-"
             lines.append(f"| {run['workload']} ({dom}) | {run['mode']} | {name} | {kv} | {cov} | "
                          f"{row['tokens_per_s']:.2f} | {fmt(vs_t)} | {fmt(vs_h)} | {acc} | {tau} | {_timing_cells(row)} |")
@@ -554,9 +554,10 @@ def plot_report(report: dict, out_dir) -> None:
     for run in report["runs"]:
         label = f"{run['workload'].removeprefix('offline:')} {run['mode']}"
         for context in (False, True):  # one line per switch: both share the kept sizes
-            pts = sorted((row.get("kept_vocab", report["full_vocab"]), row["tokens_per_s"],
+            pts = sorted((row.get("kept_vocab") or report["full_vocab"], row["tokens_per_s"],
                           row["mean_accepted_length"]) for name, row in run["methods"].items()
-                         if name != "target only" and row.get("context_tokens", False) == context)
+                         if row.get("kind") != "target" and name != "target only"
+                         and bool(row.get("context_tokens")) == context)
             if context and not pts:
                 continue
             ks = [p[0] for p in pts]
