@@ -282,3 +282,30 @@ def test_killed_or_stuck_worker_raises_instead_of_hanging():
         ssd.worker.proc.wait(timeout=10)
         with pytest.raises(SSDWorkerError, match="crashed or was killed"):
             target.generate(PROMPT, max_new_tokens=8, assistant_model=ssd)
+
+
+# --- real model (offline SmolLM2-135M-Instruct: fp32 target, bf16 trimmed copy as drafter) -----------------------
+@pytest.mark.integration
+@pytest.mark.parametrize("mode", ["sync", "worker"])
+def test_greedy_identical_on_real_prompts(mode):
+    from hf_vocabspec.coverage import count_assistant_tokens
+    from hf_vocabspec.evaluation.benchmark import eval_prompts
+    from hf_vocabspec.evaluation.offline import load_chat_dataset, load_model, load_tokenizer
+
+    smol = "offline:smollm2-135m-instruct"
+    tokenizer = load_tokenizer(smol)
+    dataset = load_chat_dataset("offline:sharegpt")
+    counts = count_assistant_tokens(dataset, tokenizer, max_examples=400, progress=False)
+    target = load_model(smol, dtype=torch.float32).eval()
+    drafter = hf_vocabspec.trim_drafter(load_model(smol, dtype=torch.bfloat16), counts.top_k(8000), tokenizer=tokenizer)
+    prompts = eval_prompts(dataset, tokenizer, start=len(dataset) - 500, n=2, max_prompt_tokens=128)
+    hits = lookups = 0
+    with drafter.with_ssd(SSDConfig(fan_out=3, mode=mode, fallback=False)) as ssd:
+        for ids in prompts:
+            mask = torch.ones_like(ids)
+            ref = target.generate(ids, attention_mask=mask, max_new_tokens=32, do_sample=False)
+            out = target.generate(ids, attention_mask=mask, max_new_tokens=32, do_sample=False, assistant_model=ssd)
+            assert torch.equal(ref, out), tokenizer.decode(out[0, ids.shape[1]:])
+            hits += ssd.last_stats.hits
+            lookups += ssd.last_stats.lookups
+    assert lookups > 0 and hits / lookups > 0.3, (hits, lookups)
