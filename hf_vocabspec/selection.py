@@ -300,3 +300,223 @@ def select_vocabulary(
                                                       num_assistant_tokens, verify_cost_ratio * float(rel_cost(counts.vocab_size))),
         trials=trials, sweep=sweep, settings=settings, study_name=name,
     )
+
+
+# --- joint tuning of kept size k, draft length L and context tokens (issue #15) ------------------------------
+@dataclass
+class AcceptanceProfile:
+    """Per-position expected acceptance of the ideal trimmed drafter at kept sizes ``ks`` (one workload, one mode).
+
+    ``vanilla[t, i]`` / ``context[t, i]`` are the expected acceptance at scored position t with the top-``ks[i]``
+    kept ids, without / with context tokens (hf_vocabspec.evaluation.acceptance's exact scorer, kept per
+    position): 1[argmax p drafted] under greedy, the draftable mass of p under sampling. ``segments`` are the
+    positions per conversation, in order. ``agreement`` is the real (untrimmed) drafter's measured acceptance
+    against the target at the full vocabulary; the ideal drafter's acceptance is scaled by it.
+    """
+
+    ks: list[int]
+    vanilla: torch.Tensor
+    context: torch.Tensor | None
+    segments: list[int]
+    mode: str = "greedy"
+    agreement: float = 1.0
+
+    def __post_init__(self):
+        if self.vanilla.ndim != 2 or self.vanilla.shape[1] != len(self.ks):
+            raise ValueError(f"vanilla must be (positions, {len(self.ks)}) for ks={self.ks}; got {tuple(self.vanilla.shape)}.")
+        if sum(self.segments) != self.vanilla.shape[0]:
+            raise ValueError(f"segments sum to {sum(self.segments)} but there are {self.vanilla.shape[0]} positions.")
+        if self.context is not None and self.context.shape != self.vanilla.shape:
+            raise ValueError("context must have the shape of vanilla (or be None when context tokens do not apply).")
+
+    def expected_accepted_length(self, k: int, num_draft_tokens: int, context_tokens: bool = False) -> float:
+        """tau: 1 + mean over start positions t of sum_{j=1..L} prod_{i<j} a_{t+i} (windows stay inside one
+        conversation and are cut at its end). Unlike (1 - a^(L+1)) / (1 - a) with the MEAN a, this keeps
+        the runs of easy and hard tokens that real text has, which is what makes a longer L pay."""
+        if k not in self.ks:
+            raise ValueError(f"k={k} was not scored; scored kept sizes: {self.ks}.")
+        if context_tokens and self.context is None:
+            raise ValueError("Context tokens were not scored for this profile (the drafter's embeddings are not tied).")
+        col = self.ks.index(k)
+        a = (self.context if context_tokens else self.vanilla)[:, col].double() * self.agreement
+        total, start = 0.0, 0
+        for n in self.segments:
+            seg = a[start:start + n]
+            start += n
+            run = torch.ones(n, dtype=torch.float64)
+            for j in range(num_draft_tokens):  # run[t] = prod_{i<=j} a[t+i]; zero once the window leaves seg
+                shifted = torch.zeros(n, dtype=torch.float64)
+                shifted[: n - j] = seg[j:]
+                run = run * shifted
+                total += float(run.sum())
+        return 1.0 + total / max(self.vanilla.shape[0], 1)
+
+    def to_dict(self) -> dict:
+        return {"ks": self.ks, "mode": self.mode, "agreement": self.agreement, "segments": self.segments,
+                "mean_vanilla": self.vanilla.mean(0).tolist(),
+                "mean_context": None if self.context is None else self.context.mean(0).tolist()}
+
+
+@dataclass
+class ThroughputModel:
+    """Predicted tokens/s of speculative decoding at (k, L, context tokens) from measured inputs only.
+
+    tokens/s = tau(k, L, ctx) / (L * draft_step(k) + verify(L+1)) with tau from :class:`AcceptanceProfile`,
+    the draft step from a measured :class:`~hf_vocabspec.cost.LatencyCurve` and ``verify_seconds[n]`` the
+    target's measured forward over n new positions (n = L+1; ``verify_seconds[1]`` is its decode step, the
+    target-only baseline). Call it with an Optuna trial to use it as an objective in your own study.
+    """
+
+    acceptance: AcceptanceProfile
+    draft_latency: LatencyCurve
+    verify_seconds: dict[int, float]
+    draft_lengths: list[int] = field(default_factory=lambda: [2, 3, 4, 5, 6, 8, 10, 12])
+
+    def __post_init__(self):
+        self.verify_seconds = {int(n): float(s) for n, s in self.verify_seconds.items()}
+        missing = [n + 1 for n in self.draft_lengths if n + 1 not in self.verify_seconds]
+        if 1 not in self.verify_seconds or missing:
+            raise ValueError(f"verify_seconds needs the decode step (1) and every L+1 searched; missing {[1] * (1 not in self.verify_seconds) + missing}. "
+                             "Measure them: hf_vocabspec.verify_head.measure_verify_latency(target, rows=...).")
+
+    @property
+    def context_options(self) -> list[bool]:
+        return [False, True] if self.acceptance.context is not None else [False]
+
+    def tokens_per_second(self, k: int, num_draft_tokens: int, context_tokens: bool = False) -> float:
+        tau = self.acceptance.expected_accepted_length(k, num_draft_tokens, context_tokens)
+        seconds = num_draft_tokens * self.draft_latency.predict(k) + self.verify_seconds[num_draft_tokens + 1]
+        return tau / seconds
+
+    def speedup(self, k: int, num_draft_tokens: int, context_tokens: bool = False) -> float:
+        """Predicted speedup over target-only decoding (1 / decode step tokens/s)."""
+        return self.tokens_per_second(k, num_draft_tokens, context_tokens) * self.verify_seconds[1]
+
+    def __call__(self, trial) -> float:
+        k = trial.suggest_categorical("k", self.acceptance.ks)
+        n = trial.suggest_categorical("num_draft_tokens", self.draft_lengths)
+        ctx = trial.suggest_categorical("context_tokens", self.context_options)
+        tau = self.acceptance.expected_accepted_length(k, n, ctx)
+        trial.set_user_attr("tau", tau)
+        return self.tokens_per_second(k, n, ctx)
+
+    def grid(self) -> list[tuple[int, int, bool]]:
+        return [(k, n, c) for k in self.acceptance.ks for n in self.draft_lengths for c in self.context_options]
+
+
+@dataclass
+class TuneResult:
+    """The chosen (k, L, context tokens), its predicted tokens/s and speedup, and every trial."""
+
+    k: int
+    num_draft_tokens: int
+    context_tokens: bool
+    tokens_per_second: float
+    speedup: float
+    trials: list[tuple[int, int, bool, float]] = field(repr=False)  # k, L, context, predicted tokens/s
+    settings: dict = field(default_factory=dict, repr=False)
+    study_name: str = ""
+
+    def to_dict(self) -> dict:
+        return {"k": self.k, "num_draft_tokens": self.num_draft_tokens, "context_tokens": self.context_tokens,
+                "predicted_tokens_per_s": self.tokens_per_second, "predicted_speedup": self.speedup,
+                "study_name": self.study_name, "settings": self.settings,
+                "trials": [{"k": k, "num_draft_tokens": n, "context_tokens": c, "tokens_per_s": v}
+                           for k, n, c, v in self.trials]}
+
+    def plot_heatmap(self, path, model: ThroughputModel | None = None) -> None:
+        """PNG: predicted tokens/s over (k, L), one panel per context-token setting, the choice starred.
+
+        With ``model`` the full grid is drawn; without, only the trials (unvisited cells blank).
+        """
+        from matplotlib.figure import Figure  # no pyplot: leaves the user's backend alone
+
+        ks = sorted({t[0] for t in self.trials} | (set(model.acceptance.ks) if model else set()))
+        ls = sorted({t[1] for t in self.trials} | (set(model.draft_lengths) if model else set()))
+        ctxs = sorted({t[2] for t in self.trials} | (set(model.context_options) if model else set()))
+        values = {(k, n, c): v for k, n, c, v in self.trials}
+        if model is not None:
+            values.update({cell: model.tokens_per_second(*cell) for cell in model.grid()})
+        vmax = max(values.values())
+        vmin = min(values.values())
+        fig = Figure(figsize=(4.8 * len(ctxs), 3.8))
+        axes = fig.subplots(1, len(ctxs), squeeze=False)[0]
+        for ax, c in zip(axes, ctxs):
+            grid = torch.full((len(ls), len(ks)), float("nan"))
+            for (k, n, cc), v in values.items():
+                if cc == c:
+                    grid[ls.index(n), ks.index(k)] = v
+            im = ax.imshow(grid.numpy(), origin="lower", aspect="auto", vmin=vmin, vmax=vmax, cmap="viridis")
+            for i in range(len(ls)):
+                for j in range(len(ks)):
+                    if not math.isnan(float(grid[i, j])):
+                        ax.text(j, i, f"{float(grid[i, j]):.1f}", ha="center", va="center", fontsize=6, color="w")
+            if c == self.context_tokens:
+                ax.scatter([ks.index(self.k)], [ls.index(self.num_draft_tokens)], marker="*", s=220,
+                           color="red", label=f"chosen k={self.k:,}, L={self.num_draft_tokens}")
+                ax.legend(fontsize=7, loc="upper right")
+            ax.set_xticks(range(len(ks)), [f"{k:,}" for k in ks], rotation=45, fontsize=7)
+            ax.set_yticks(range(len(ls)), [str(n) for n in ls], fontsize=7)
+            ax.set_xlabel("kept vocabulary size k")
+            ax.set_ylabel("draft length L")
+            ax.set_title(f"predicted tokens/s, context tokens {'on' if c else 'off'}", fontsize=9)
+        fig.colorbar(im, ax=list(axes), shrink=0.8)
+        fig.savefig(path, dpi=120)
+
+
+def tune(model: ThroughputModel, *, n_trials: int | None = None, seed: int = 42, storage=None,
+         study_name: str | None = None) -> TuneResult:
+    """Search (k, L, context tokens) for the most predicted tokens/s with Optuna.
+
+    The space is discrete; when ``n_trials`` is None or covers it, every cell is evaluated (grid sampler) and
+    the choice is the exact argmax of the model; otherwise seeded TPE. ``storage`` (journal file path or RDB
+    URL) makes the study resumable: a second call continues to ``n_trials`` complete trials and keeps the
+    earlier ones. The default study name is derived from the settings and the measured inputs, so a study is
+    never resumed with other measurements.
+    """
+    import optuna
+
+    grid = model.grid()
+    total = len(grid)
+    n_trials = total if n_trials is None else int(n_trials)
+    if n_trials < 1:
+        raise ValueError(f"n_trials must be >= 1; got {n_trials}.")
+    use_grid = n_trials >= total
+    n_trials = min(n_trials, total)
+    settings = {
+        "ks": model.acceptance.ks, "draft_lengths": model.draft_lengths, "context": model.context_options,
+        "mode": model.acceptance.mode, "agreement": model.acceptance.agreement, "seed": seed,
+        "sampler": "grid" if use_grid else "tpe",
+        "inputs": hashlib.sha256(json.dumps([model.acceptance.vanilla.sum().item(), model.acceptance.segments,
+                                             None if model.acceptance.context is None else model.acceptance.context.sum().item(),
+                                             model.draft_latency.seconds, model.draft_latency.floor_seconds,
+                                             sorted(model.verify_seconds.items())]).encode()).hexdigest()[:12],
+    }
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+    name = study_name or f"hf_vocabspec-tune-{digest}"
+    if use_grid:
+        sampler = optuna.samplers.GridSampler(
+            {"k": model.acceptance.ks, "num_draft_tokens": model.draft_lengths,
+             "context_tokens": model.context_options}, seed=seed)
+    else:
+        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, n_trials))
+    complete = (optuna.trial.TrialState.COMPLETE,)
+    with quiet_optuna():
+        study = optuna.create_study(direction="maximize", study_name=name, storage=_storage(storage),
+                                    load_if_exists=True, sampler=sampler)
+        stored = study.user_attrs.get("hf_vocabspec_tune_settings")
+        if stored is None:
+            study.set_user_attr("hf_vocabspec_tune_settings", settings)
+        elif stored != json.loads(json.dumps(settings)):
+            raise ValueError(f"Study {name!r} in this storage was run with other settings or measurements: "
+                             "pass another study_name (or leave it unset to derive one from the settings).")
+        done = len(study.get_trials(deepcopy=False, states=complete))
+        if done < n_trials:
+            study.optimize(model, n_trials=n_trials - done,
+                           callbacks=[optuna.study.MaxTrialsCallback(n_trials, states=complete)])
+    finished = sorted(study.get_trials(deepcopy=False, states=complete), key=lambda t: t.number)
+    trials = [(int(t.params["k"]), int(t.params["num_draft_tokens"]), bool(t.params["context_tokens"]), float(t.value))
+              for t in finished]
+    # ties: the smaller head, then the shorter draft, then no context tokens (the cheaper setting)
+    k, n, c, v = max(trials, key=lambda t: (t[3], -t[0], -t[1], not t[2]))
+    return TuneResult(k, n, c, v, model.speedup(k, n, c), trials, settings, name)

@@ -320,6 +320,8 @@ def measure_verify_latency(target: nn.Module, rows: tuple[int, ...] = (6,), cont
     context = torch.randint(3, vocab, (1, context_length), generator=gen).to(device)
     new = torch.randint(3, vocab, (1, max(rows)), generator=gen).to(device)
     cache = DynamicCache(config=target.config)
+    if hasattr(cache, "activate_past_recording"):
+        cache.activate_past_recording()  # sliding-window layers must be croppable back after each forward
     target(input_ids=context, past_key_values=cache, use_cache=True, logits_to_keep=1)
     widths = (1, *rows)
     ms: dict[int, list[float]] = {n: [] for n in widths}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import evaluation, pipeline
+from . import evaluation, pipeline, tune
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -12,6 +12,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     pipeline.register(sub)
     evaluation.register(sub)
+    tune.register(sub)
     return p
 
 

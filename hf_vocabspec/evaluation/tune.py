@@ -1,0 +1,255 @@
+"""``hf-vocabspec tune``: measure what the throughput model needs, search (k, L, context tokens), save the choice.
+
+Measured here, on this machine (the model itself is hf_vocabspec.selection.ThroughputModel, core):
+- per-position expected acceptance of the ideal trimmed drafter on held-out conversations at every scored k,
+  with and without context tokens (the exact scorer of evaluation/acceptance.py, kept per position so runs
+  of easy tokens count), scaled by the real drafter's agreement with the target at the full vocabulary;
+- the drafter's step latency per k (cost.measure_draft_latency);
+- the target's decode step and its verify forward over L+1 positions, with the verify head on
+  (verify_head.measure_verify_latency), and the machine's load before and after.
+The chosen L and context setting are saved with the drafter (generation_config.num_assistant_tokens,
+config.context_tokens), so ``target.generate(assistant_model=drafter)`` uses them with no extra arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from ..coverage import TokenCounts
+from ..selection import AcceptanceProfile, ThroughputModel, TuneResult, tune
+from .data import Conversation
+
+DEFAULT_COVERAGES = (0.9, 0.95, 0.97, 0.98, 0.99, 0.995)
+DEFAULT_DRAFT_LENGTHS = (2, 3, 4, 5, 6, 8, 10, 12)
+
+
+def _temperature(mode: str) -> float | None:
+    if mode == "greedy":
+        return None
+    if mode.startswith("t"):
+        try:
+            return float(mode[1:])
+        except ValueError:
+            pass
+    raise ValueError(f"mode must be 'greedy' or 't<temperature>' such as 't1' or 't0.7'; got {mode!r}.")
+
+
+@torch.no_grad()
+def acceptance_profile(
+    target,
+    conversations: Sequence[Conversation],
+    counts: TokenCounts,
+    ks: Sequence[int],
+    *,
+    mode: str = "greedy",
+    context_tokens: bool = True,
+    always_kept: Sequence[int] = (),
+    drafter=None,
+    progress: Callable | None = None,
+) -> AcceptanceProfile:
+    """Per-position ideal acceptance at each k (top-k by count, plus ``always_kept`` ids) for ``mode``.
+
+    With ``drafter`` (the untrimmed drafter) its agreement with the target is measured on the same
+    positions: argmax match rate (greedy) or mean sum_j min(p_j, q_j) (sampling); else agreement is 1.
+    """
+    temp = _temperature(mode)
+    vocab = int(target.config.get_text_config().vocab_size)
+    ks = sorted({min(int(k), vocab) for k in ks})
+    ranked = counts.ranked_token_ids()
+    rank = torch.full((vocab,), vocab, dtype=torch.long)
+    rank[ranked] = torch.arange(ranked.numel())
+    always = torch.as_tensor(list(always_kept), dtype=torch.long)
+    rank[always] = -1  # kept at every k
+    order = torch.argsort(rank)  # ids by rank, always-kept first
+    n_always = int((rank < 0).sum())
+    k_t = torch.tensor(ks)
+    cols_v, cols_c, segments = [], [], []
+    agree_sum, n_pos = 0.0, 0
+    for conv in progress(conversations) if progress else conversations:
+        ids = conv.ids
+        n = ids.numel() - conv.answer_start  # positions answer_start-1 .. T-2 predict the answer tokens
+        out = target(input_ids=ids[None].to(target.device), logits_to_keep=n + 1).logits[0, :-1].float().cpu()
+        rows = torch.arange(conv.answer_start - 1, ids.numel() - 1)
+        uniq, inverse = torch.unique(ids, return_inverse=True)
+        first = torch.full((uniq.numel(),), ids.numel(), dtype=torch.long).scatter_reduce(
+            0, inverse, torch.arange(ids.numel()), reduce="amin")
+        seen = first[None, :] <= rows[:, None]  # (positions, distinct ids): id already in the context at t
+        if temp is None:
+            am = out.argmax(-1)
+            kept = rank[am][:, None] < k_t[None, :]
+            in_ctx = (seen & (uniq[None, :] == am[:, None])).any(1)
+            cols_v.append(kept.double())
+            cols_c.append((kept | in_ctx[:, None]).double())
+        else:
+            p = (out / temp).softmax(-1)
+            cum = p.index_select(1, order).cumsum(1)
+            kept_mass = cum[:, (k_t + n_always - 1).clamp(max=vocab - 1)]  # always-kept ids come first in order
+            pruned_u = rank[uniq][None, :] >= k_t[:, None]  # (ks, distinct ids)
+            ctx_mass = torch.einsum("tu,ku->tk", (p[:, uniq] * seen).double(), pruned_u.double())
+            cols_v.append(kept_mass.double())
+            cols_c.append((kept_mass.double() + ctx_mass).clamp(max=1.0))
+        segments.append(n)
+        if drafter is not None:
+            q_logits = drafter(input_ids=ids[None].to(drafter.device), logits_to_keep=n + 1).logits[0, :-1].float().cpu()
+            if temp is None:
+                agree_sum += float((q_logits.argmax(-1) == out.argmax(-1)).sum())
+            else:
+                agree_sum += float(torch.minimum((out / temp).softmax(-1), (q_logits / temp).softmax(-1)).sum())
+        n_pos += n
+    agreement = agree_sum / max(n_pos, 1) if drafter is not None else 1.0
+    return AcceptanceProfile(ks, torch.cat(cols_v), torch.cat(cols_c) if context_tokens else None, segments,
+                             mode=mode, agreement=agreement)
+
+
+def load_check(threshold: float = 0.5) -> tuple[float, bool]:
+    """(1-minute load average, whether it is above ``threshold`` x the cores): timings taken then are noisy."""
+    load = os.getloadavg()[0]
+    return load, load > threshold * (os.cpu_count() or 1)
+
+
+def measure_throughput_model(
+    target,
+    drafter,
+    conversations: Sequence[Conversation],
+    counts: TokenCounts,
+    ks: Sequence[int],
+    *,
+    draft_lengths: Sequence[int] = DEFAULT_DRAFT_LENGTHS,
+    mode: str = "greedy",
+    context_tokens: bool = True,
+    always_kept: Sequence[int] = (),
+    repeats: int = 7,
+    context_length: int = 256,
+    progress: Callable | None = None,
+) -> tuple[ThroughputModel, dict]:
+    """Measure acceptance, draft latency per k and verify latency per L+1 (verify head on); returns the model
+    and a record of the measurements (load before/after included)."""
+    from ..cost import measure_draft_latency
+    from ..verify_head import measure_verify_latency
+
+    load_before, busy_before = load_check()
+    profile = acceptance_profile(target, conversations, counts, ks, mode=mode, context_tokens=context_tokens,
+                                 always_kept=always_kept, drafter=drafter, progress=progress)
+    curve = measure_draft_latency(drafter, profile.ks, context_length=context_length, repeats=repeats)
+    widths = tuple(sorted({int(n) + 1 for n in draft_lengths}))
+    verify = measure_verify_latency(target, widths, context_length=context_length, repeats=repeats)
+    load_after, busy_after = load_check()
+    if busy_before or busy_after:
+        warnings.warn(f"The machine was busy while measuring (load {load_before:.1f} -> {load_after:.1f} on "
+                      f"{os.cpu_count()} cores): latencies are noisy; re-run tune on a quiet machine.", stacklevel=2)
+    verify_seconds = {n: verify.median_ms(n) / 1e3 for n in (1, *widths)}
+    model = ThroughputModel(profile, curve, verify_seconds, draft_lengths=sorted({int(n) for n in draft_lengths}))
+    record = {"acceptance": profile.to_dict(), "draft_latency": curve.to_dict(),
+              "verify_ms": {str(n): verify.median_ms(n) for n in (1, *widths)},
+              "verify_decode_ratio": {str(n): verify.ratio(n) for n in widths},
+              "verify_kernels": {str(n): k for n, k in verify.kernels.items()},
+              "load": [load_before, load_after], "busy": bool(busy_before or busy_after),
+              "threads": torch.get_num_threads(), "context_length": context_length}
+    return model, record
+
+
+def save_tuned_drafter(base_drafter, counts: TokenCounts, result: TuneResult, out_dir, *, tokenizer=None,
+                       target_model: str | None = None, extra_selection: dict | None = None):
+    """Trim ``base_drafter`` to the chosen k and save it with the chosen L and context-token setting."""
+    from ..drafter import set_draft_length, trim_drafter
+
+    selection = {"method": "hf-vocabspec tune (joint k, L, context tokens)", "k": result.k,
+                 "coverage": counts.coverage(result.k), "num_assistant_tokens": result.num_draft_tokens,
+                 "context_tokens": result.context_tokens, "predicted_speedup": round(result.speedup, 4),
+                 "predicted_tokens_per_s": round(result.tokens_per_second, 3), **(extra_selection or {})}
+    drafter = trim_drafter(base_drafter, counts.top_k(result.k), tokenizer=tokenizer, target_model=target_model,
+                           selection=selection)
+    if result.context_tokens and not drafter.supports_context_tokens:
+        raise ValueError("The tuned setting uses context tokens but this drafter does not tie its embeddings.")
+    drafter.config.context_tokens = result.context_tokens
+    drafter.use_context_tokens = result.context_tokens
+    set_draft_length(drafter.generation_config, result.num_draft_tokens)
+    out = Path(out_dir)
+    drafter.save_pretrained(out)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    return drafter
+
+
+def run_tune(
+    target_name: str,
+    drafter_name: str,
+    out_dir,
+    *,
+    dataset: str = "offline:sharegpt",
+    count_examples: int = 4000,
+    conversations: int = 16,
+    coverages: Sequence[float] = DEFAULT_COVERAGES,
+    ks: Sequence[int] | None = None,
+    draft_lengths: Sequence[int] = DEFAULT_DRAFT_LENGTHS,
+    mode: str = "greedy",
+    drafter_dtype: torch.dtype = torch.bfloat16,
+    n_trials: int | None = None,
+    storage=None,
+    seed: int = 42,
+    repeats: int = 7,
+    save_drafter: bool = True,
+    progress: Callable | None = None,
+) -> dict:
+    """Count, measure, search, save: writes tune.json, heatmap.png and (by default) the tuned drafter to
+    ``out_dir/drafter``; returns the report."""
+    from ..coverage import count_assistant_tokens
+    from ..drafter import special_token_ids
+    from .data import count_split, held_out_conversations
+    from .offline import load_chat_dataset, load_model, load_tokenizer
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = load_tokenizer(target_name)
+    ds = load_chat_dataset(dataset)
+    counted, held_out = count_split(ds, count_examples, min_held_out=100)
+    counts = count_assistant_tokens(counted, tokenizer, progress=False)
+    target = load_model(target_name, dtype=torch.float32).eval()
+    drafter = load_model(drafter_name, dtype=drafter_dtype).eval()
+    vocab = int(target.config.get_text_config().vocab_size)
+    if ks is None:
+        ks = sorted({counts.smallest_k_for_coverage(c) for c in coverages})
+    convs = held_out_conversations(held_out, tokenizer, n=conversations)
+    tied = bool(drafter.config.get_text_config().tie_word_embeddings)
+    special = special_token_ids(target, tokenizer)
+    model, record = measure_throughput_model(target, drafter, convs, counts, ks, draft_lengths=draft_lengths,
+                                             mode=mode, context_tokens=tied, always_kept=special,
+                                             repeats=repeats, progress=progress)
+    result = tune(model, n_trials=n_trials, seed=seed, storage=storage)
+    report = {"target": target_name, "drafter": drafter_name, "dataset": dataset, "count_examples": len(counted),
+              "conversations": len(convs), "mode": mode, "date": time.strftime("%Y-%m-%d %H:%M"),
+              "vocab_size": vocab, "coverage": {str(k): counts.coverage(k) for k in model.acceptance.ks},
+              "result": result.to_dict(), "measured": record,
+              "grid": [{"k": k, "num_draft_tokens": n, "context_tokens": c,
+                        "tau": model.acceptance.expected_accepted_length(k, n, c),
+                        "tokens_per_s": model.tokens_per_second(k, n, c), "speedup": model.speedup(k, n, c)}
+                       for k, n, c in model.grid()]}
+    (out / "tune.json").write_text(json.dumps(report, indent=2))
+    result.plot_heatmap(out / "heatmap.png", model)
+    if save_drafter:
+        save_tuned_drafter(drafter, counts, result, out / "drafter", tokenizer=tokenizer, target_model=target_name,
+                           extra_selection={"dataset": dataset, "mode": mode})
+    return report
+
+
+def format_tune(report: dict) -> str:
+    r = report["result"]
+    lines = [f"tuned for {report['target']} with {report['drafter']} ({report['mode']}, {report['dataset']}): "
+             f"k={r['k']:,}, L={r['num_draft_tokens']}, context tokens {'on' if r['context_tokens'] else 'off'}; "
+             f"predicted {r['predicted_tokens_per_s']:.2f} tokens/s = {r['predicted_speedup']:.2f}x target-only",
+             f"machine load {report['measured']['load'][0]:.1f} -> {report['measured']['load'][1]:.1f}"
+             + (" (BUSY: noisy)" if report["measured"]["busy"] else ""),
+             "verify/decode ratio (verify head on): " + ", ".join(
+                 f"L+1={n}: {v:.2f}" for n, v in report["measured"]["verify_decode_ratio"].items())]
+    best = sorted(report["grid"], key=lambda g: -g["tokens_per_s"])[:5]
+    lines.append("top predicted settings: " + "; ".join(
+        f"k={g['k']:,} L={g['num_draft_tokens']} ctx={'on' if g['context_tokens'] else 'off'} "
+        f"{g['speedup']:.2f}x (tau {g['tau']:.2f})" for g in best))
+    return "\n".join(lines)

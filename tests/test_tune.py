@@ -1,0 +1,178 @@
+"""Joint tuning (issue #15): the throughput model/objective (selection.py), its Optuna search with resumable
+storage, the measuring driver (evaluation/tune.py) on tiny models, and the saved choice."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from tiny import VOCAB, make_pair
+
+import hf_vocabspec
+from hf_vocabspec.cost import LatencyCurve, expected_accepted_length
+from hf_vocabspec.coverage import TokenCounts
+from hf_vocabspec.evaluation.acceptance import ideal_acceptance
+from hf_vocabspec.evaluation.data import Conversation
+from hf_vocabspec.evaluation.tune import acceptance_profile, measure_throughput_model, save_tuned_drafter
+from hf_vocabspec.selection import AcceptanceProfile, ThroughputModel, TuneResult, tune
+
+
+def random_profile(seed=0, segments=(7, 1, 12), ks=(10, 20, 40), context=True):
+    g = torch.Generator().manual_seed(seed)
+    n = sum(segments)
+    base = torch.rand(n, 1, generator=g)
+    # acceptance grows with k (a larger kept set drafts at least what a smaller one does)
+    vanilla = torch.cat([base * (i + 1) / len(ks) for i in range(len(ks))], dim=1).double()
+    ctx = (vanilla + 0.1).clamp(max=1.0) if context else None
+    return AcceptanceProfile(list(ks), vanilla, ctx, list(segments), agreement=0.9)
+
+
+def brute_tau(profile, k, L, context):
+    a = (profile.context if context else profile.vanilla)[:, profile.ks.index(k)].tolist()
+    total, start = 0.0, 0
+    for n in profile.segments:
+        seg = [x * profile.agreement for x in a[start:start + n]]
+        start += n
+        for t in range(n):
+            prod = 1.0
+            for j in range(L):
+                prod *= seg[t + j] if t + j < n else 0.0
+                total += prod
+    return 1.0 + total / sum(profile.segments)
+
+
+def test_expected_accepted_length_is_the_per_position_product():
+    profile = random_profile()
+    for k in profile.ks:
+        for L in (1, 3, 8):
+            for ctx in (False, True):
+                assert profile.expected_accepted_length(k, L, ctx) == pytest.approx(brute_tau(profile, k, L, ctx), rel=1e-12)
+    # constant acceptance, one long conversation: the i.i.d. formula (windows cut at the end barely matter)
+    flat = AcceptanceProfile([5], torch.full((20000, 1), 0.7, dtype=torch.float64), None, [20000])
+    assert flat.expected_accepted_length(5, 5) == pytest.approx(expected_accepted_length(0.7, 5), rel=1e-3)
+    # same mean, but runs of easy and hard tokens: longer drafts pay more than the i.i.d. formula says
+    runs = torch.tensor(([1.0] * 10 + [0.4] * 10) * 500, dtype=torch.float64)[:, None]
+    bursty = AcceptanceProfile([5], runs, None, [runs.shape[0]])
+    assert bursty.expected_accepted_length(5, 8) > expected_accepted_length(0.7, 8) + 0.5
+    with pytest.raises(ValueError, match="not scored"):
+        profile.expected_accepted_length(11, 3)
+    with pytest.raises(ValueError, match="Context tokens were not scored"):
+        random_profile(context=False).expected_accepted_length(10, 3, True)
+
+
+def toy_model(profile=None) -> ThroughputModel:
+    profile = profile or random_profile()
+    curve = LatencyCurve([10, 20, 40], [0.004, 0.006, 0.010], 0.003)
+    verify = {1: 0.020, **{n + 1: 0.020 + 0.002 * n for n in (2, 3, 4, 6, 8)}}
+    return ThroughputModel(profile, curve, verify, draft_lengths=[2, 3, 4, 6, 8])
+
+
+def test_throughput_model_formula_and_errors():
+    model = toy_model()
+    k, L, ctx = 20, 4, True
+    tau = model.acceptance.expected_accepted_length(k, L, ctx)
+    assert model.tokens_per_second(k, L, ctx) == pytest.approx(tau / (L * 0.006 + 0.028))
+    assert model.speedup(k, L, ctx) == pytest.approx(model.tokens_per_second(k, L, ctx) * 0.020)
+    assert len(model.grid()) == 3 * 5 * 2
+    with pytest.raises(ValueError, match="missing \\[9\\]"):
+        ThroughputModel(model.acceptance, model.draft_latency, {1: 0.02, 3: 0.02}, draft_lengths=[2, 8])
+
+
+def test_grid_search_finds_the_exact_argmax_and_plots(tmp_path):
+    model = toy_model()
+    result = tune(model)
+    best = max(model.grid(), key=lambda cell: model.tokens_per_second(*cell))
+    assert (result.k, result.num_draft_tokens, result.context_tokens) == best
+    assert len(result.trials) == len(model.grid())
+    assert result.speedup == pytest.approx(model.speedup(*best))
+    result.plot_heatmap(tmp_path / "heat.png", model)
+    assert (tmp_path / "heat.png").stat().st_size > 1000
+
+
+def test_model_is_an_optuna_objective_for_a_users_study():
+    import optuna
+
+    model = toy_model()
+    with hf_vocabspec.selection.quiet_optuna():
+        study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+        study.optimize(model, n_trials=6)
+    t = study.best_trial
+    assert t.value == pytest.approx(model.tokens_per_second(t.params["k"], t.params["num_draft_tokens"],
+                                                            t.params["context_tokens"]))
+    assert "tau" in t.user_attrs
+
+
+def test_storage_resumes_and_refuses_other_measurements(tmp_path):
+    model = toy_model()
+    store = tmp_path / "tune.journal"
+    first = tune(model, n_trials=5, storage=store, seed=1)
+    assert len(first.trials) == 5
+    second = tune(model, n_trials=9, storage=store, seed=1)
+    assert len(second.trials) == 9 and second.trials[:5] == first.trials  # earlier trials kept
+    assert second.study_name == first.study_name
+    other = toy_model(random_profile(seed=3))
+    assert tune(other, n_trials=3, storage=store, seed=1).study_name != first.study_name  # new measurements: new study
+    with pytest.raises(ValueError, match="other settings or measurements"):
+        tune(other, n_trials=3, storage=store, seed=1, study_name=first.study_name)
+
+
+# --- the measuring driver on tiny models ----------------------------------------------------------------
+def tiny_conversations(n=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    convs = []
+    for _ in range(n):
+        prompt = torch.randint(3, VOCAB, (6,), generator=g)
+        answer = torch.cat([prompt[:3], torch.randint(3, VOCAB, (9,), generator=g)])  # repeats: context tokens
+        convs.append(Conversation(torch.cat([prompt, answer]), 6))
+    return convs
+
+
+def tiny_counts(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return TokenCounts(torch.randint(0, 100, (VOCAB,), generator=g), 10, 10, "tiny")
+
+
+@pytest.mark.parametrize("mode", ["greedy", "t1", "t0.7"])
+def test_profile_agrees_with_the_exact_scorer(mode):
+    target, base = make_pair("gemma3", seed=2, head_scale=8.0)
+    counts, convs, ks = tiny_counts(), tiny_conversations(), [8, 24, 48]
+    profile = acceptance_profile(target, convs, counts, ks, mode=mode)
+    temps = () if mode == "greedy" else (float(mode[1:]),)
+    ref = ideal_acceptance(target, convs, {str(k): counts.top_k(k) for k in ks}, temperatures=temps)
+    name = "greedy" if mode == "greedy" else f"t{float(mode[1:]):g}"
+    for i, k in enumerate(ks):
+        assert float(profile.vanilla[:, i].mean()) == pytest.approx(ref[str(k)][name], abs=1e-6)
+        assert float(profile.context[:, i].mean()) == pytest.approx(ref[str(k)][f"{name}+context"], abs=1e-6)
+    assert profile.segments == [c.ids.numel() - c.answer_start for c in convs]
+    # the real drafter's agreement: a perturbed copy agrees often but not always
+    with_drafter = acceptance_profile(target, convs, counts, ks, mode=mode, drafter=base)
+    assert 0.2 < with_drafter.agreement < 1.0
+    with pytest.raises(ValueError, match="mode must be"):
+        acceptance_profile(target, convs, counts, ks, mode="hot")
+
+
+def test_measured_model_tunes_and_the_choice_ships_with_the_drafter(tmp_path):
+    target, base = make_pair("gemma3", seed=2, head_scale=8.0)
+    counts, convs = tiny_counts(), tiny_conversations()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "the machine was busy": expected on a shared test machine
+        model, record = measure_throughput_model(target, base, convs, counts, [16, 40], draft_lengths=[2, 3],
+                                                 repeats=2, context_length=16)
+    assert set(record["verify_ms"]) == {"1", "3", "4"} and record["load"][0] >= 0
+    result = tune(model)
+    assert result.k in (16, 40) and result.num_draft_tokens in (2, 3)
+    # ship a fixed choice (context tokens on, L=3) and check target.generate picks it up with no arguments
+    choice = TuneResult(16, 3, True, 1.0, 1.0, [(16, 3, True, 1.0)])
+    save_tuned_drafter(base, counts, choice, tmp_path / "drafter")
+    loaded = hf_vocabspec.TrimmedDrafter.from_pretrained(tmp_path / "drafter").eval()
+    assert loaded.generation_config.num_assistant_tokens == 3
+    assert loaded.config.context_tokens is True and loaded.use_context_tokens
+    assert loaded.config.selection["num_assistant_tokens"] == 3 and loaded.config.selection["context_tokens"] is True
+    prompt = torch.tensor([[1, 6, 9, 14, 6, 9]])
+    ref = target.generate(prompt, do_sample=False, max_new_tokens=20)
+    out = target.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=loaded)
+    assert torch.equal(ref, out)
+    stats = loaded.last_speculation_stats
+    assert max(stats.per_round_proposed) == 3 and stats.draft_steps > stats.rounds
+
