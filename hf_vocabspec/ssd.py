@@ -118,6 +118,18 @@ class SSDStats(SpeculationStats):
     fell_back: bool = False
     fallback_reason: str | None = None
 
+    def add(self, other: SpeculationStats) -> SSDStats:
+        """Accumulate another call's counters (SSD fields too, when ``other`` is an SSDStats)."""
+        super().add(other)
+        if isinstance(other, SSDStats):
+            for name in ("lookups", "hits", "trees", "tree_branches", "tree_steps", "inline_draft_s",
+                         "inline_draft_steps", "predraft_s", "verify_s", "wait_s"):
+                setattr(self, name, getattr(self, name) + getattr(other, name))
+            self.mode = other.mode
+            if other.fell_back:
+                self.fell_back, self.fallback_reason = True, other.fallback_reason
+        return self
+
     @property
     def hit_rate(self) -> float:
         """hits / lookups (the first round has nothing cached and is not counted)."""

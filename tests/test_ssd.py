@@ -309,3 +309,26 @@ def test_greedy_identical_on_real_prompts(mode):
             hits += ssd.last_stats.hits
             lookups += ssd.last_stats.lookups
     assert lookups > 0 and hits / lookups > 0.3, (hits, lookups)
+
+
+def test_bench_rows_have_hit_rate_and_measured_and_projected_speedups():
+    from hf_vocabspec.evaluation.benchmark import Method, compare_methods, format_report, method_rows, ssd_rows
+
+    target, base = make_pair("llama", seed=3, head_scale=8.0)
+    drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)) + [3, 5])
+    drafter.use_context_tokens = False
+    with drafter.with_ssd(SSDConfig(fan_out=2, fallback=False, num_assistant_tokens=5)) as ssd:
+        methods = [Method("target only"), Method("trimmed", drafter), Method("trimmed (1 thread)", drafter, threads=1),
+                   Method("ssd", ssd)]
+        res = compare_methods(target, methods, [PROMPT], max_new_tokens=24, generate_kwargs={"do_sample": False})
+    assert methods[3].kind == "ssd" and res["ssd"].kept_vocab == drafter.config.draft_vocab_size
+    assert res["ssd"].outputs == res["target only"].outputs
+    rows = method_rows(res, "target only")
+    ssd_rows(res, rows, methods, 5)
+    row = rows["ssd"]["ssd"]
+    assert row["lookups"] > 0 and 0 <= row["hit_rate"] <= 1 and row["baseline"] in ("trimmed", "trimmed (1 thread)")
+    assert row["measured_speedup_vs_sd"]["median"] > 0 and row["projected_speedup_vs_sd"] > 0
+    report = {"runs": [{"workload": "w", "in_domain": True, "mode": "greedy", "methods": rows | {
+        n: r | {"speedup_vs_hf_assisted": r["speedup_vs_target"]} for n, r in rows.items()}}]}
+    text = format_report(report)
+    assert "PROJECTED" in text and "hit rate" in text

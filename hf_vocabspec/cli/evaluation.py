@@ -116,6 +116,7 @@ def cmd_bench(args) -> int:
         count_examples=args.count_examples, coverages=tuple(args.coverages), ks=tuple(args.ks), workloads=tuple(args.workloads),
         modes=tuple(args.modes), prompts=args.prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
         num_assistant_tokens=args.num_assistant_tokens, context_tokens=args.context_tokens,
+        ssd=args.ssd, ssd_mode=args.ssd_mode,
     )
     report = run_benchmark(cfg, args.output, progress=lambda s: tqdm(s, desc="generate"))
     from ..evaluation.benchmark import format_report
@@ -219,6 +220,10 @@ def register(sub) -> None:
     b.add_argument("--num-assistant-tokens", type=int, default=5)
     b.add_argument("--context-tokens", action="store_true",
                    help="also run every trimmed k with context tokens on (same drafter, method 'trimmed k=K +context')")
+    b.add_argument("--ssd", action="store_true",
+                   help="also run SSD (speculative speculative decoding) per trimmed k, next to ordinary drafting at 1 thread")
+    b.add_argument("--ssd-mode", choices=["worker", "sync"], default="worker",
+                   help="worker: drafter in its own process (1 thread each); sync: tree built inline")
     b.add_argument("--output", default="results/bench")
     b.set_defaults(func=cmd_bench)
 

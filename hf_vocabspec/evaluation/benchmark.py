@@ -37,12 +37,35 @@ class Method:
     assistant: torch.nn.Module | None = None
     attrs: dict = field(default_factory=dict)
     prepare: Callable[[], object] | None = None  # called (untimed) before each of this method's calls
-    kind: str = ""  # "target", "hf_assisted", "trimmed" (derived from the assistant when left empty)
+    kind: str = ""  # "target", "hf_assisted", "trimmed", "ssd" (derived from the assistant when left empty)
+    threads: int | None = None  # torch threads for this method's calls (restored after); None = unchanged
 
     def __post_init__(self):
         if not self.kind:
             self.kind = ("target" if self.assistant is None
-                         else "trimmed" if isinstance(self.assistant, TrimmedDrafter) else "hf_assisted")
+                         else "trimmed" if isinstance(self.assistant, TrimmedDrafter)
+                         else "ssd" if _drafter_of(self.assistant) is not None else "hf_assisted")
+
+
+def _drafter_of(assistant) -> TrimmedDrafter | None:
+    """The TrimmedDrafter behind an assistant: itself, or an hf_vocabspec session's (SSD) drafter."""
+    if isinstance(assistant, TrimmedDrafter):
+        return assistant
+    if getattr(assistant, "_hf_vocabspec_candidate_generator", None) is not None:
+        return getattr(assistant, "drafter", None)
+    return None
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run with ``n`` torch threads, then restore the previous count (None: leave it alone)."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @dataclass
@@ -131,6 +154,12 @@ class MethodResult:
             d.pop(key)
         d.update({k: getattr(self.stats, k) for k in ("rounds", "proposed", "accepted", "pruned_proposed",
                                                       "context_proposed")})
+        if hasattr(self.stats, "hit_rate"):  # SSD rows (hf_vocabspec.ssd.SSDStats), all measured
+            st = self.stats
+            d["ssd"] = {"mode": st.mode, "hit_rate": st.hit_rate, "lookups": st.lookups, "tree_ms": st.tree_s * 1e3,
+                        "inline_draft_ms_per_token": st.draft_step_s * 1e3, "verify_ms": st.verify_step_s * 1e3,
+                        "wait_ms_per_round": st.wait_s / st.rounds * 1e3 if st.rounds else None,
+                        "fell_back": st.fell_back, "fallback_reason": st.fallback_reason}
         d.update(tokens_per_s=self.tokens_per_s, acceptance_rate=self.acceptance_rate,
                  mean_accepted_length=self.mean_accepted_length, target_seconds=self.target_seconds,
                  drafter_seconds=self.drafter_seconds, other_seconds=self.other_seconds,
@@ -303,21 +332,26 @@ def compare_methods(
     generate_kwargs = dict(generate_kwargs or {})
     results = {}
     for m in methods:
-        trimmed = isinstance(m.assistant, TrimmedDrafter)
+        drafter = _drafter_of(m.assistant)
         results[m.name] = MethodResult(
             m.name, kind=m.kind, speculative=m.assistant is not None,
-            kept_vocab=m.assistant.config.draft_vocab_size if trimmed else None,
-            context_tokens=bool(m.attrs.get("use_context_tokens", m.assistant.use_context_tokens)) if trimmed else None)
+            kept_vocab=drafter.config.draft_vocab_size if drafter is not None else None,
+            context_tokens=bool(m.attrs.get("use_context_tokens", drafter.use_context_tokens)) if drafter else None)
+        if m.kind == "ssd":
+            from ..ssd import SSDStats
+
+            results[m.name].stats = SSDStats(mode=m.assistant.ssd_config.mode)
     steps = [(r, i, m) for r in range(repeats) for i in range(len(prompts)) for m in methods]
     per_run = {(m.name, r): [0, 0.0] for m in methods for r in range(repeats)}
     iterator = progress(steps) if progress else steps
-    timer = ForwardTimer(target, [m.assistant for m in methods if m.assistant is not None])
+    timer = ForwardTimer(target, list({id(a): a for a in (_drafter_of(m.assistant) or m.assistant for m in methods
+                                                            if m.assistant is not None)}.values()))
     try:
         # warm-up (untimed): first calls pay one-off allocation costs
         for m in methods:
             if m.prepare is not None:
                 m.prepare()
-            with applied_attrs(m.assistant, m.attrs):
+            with applied_attrs(_drafter_of(m.assistant) or m.assistant, m.attrs), torch_threads(m.threads):
                 target.generate(prompts[0], attention_mask=torch.ones_like(prompts[0]), max_new_tokens=4,
                                 assistant_model=m.assistant, **generate_kwargs)
         for r, i, m in iterator:
@@ -326,7 +360,8 @@ def compare_methods(
             if m.prepare is not None:
                 m.prepare()
             torch.manual_seed(seed + i)
-            with applied_attrs(m.assistant, m.attrs), count_hf_acceptance() as hf_counts, timer.timing(res):
+            with (applied_attrs(_drafter_of(m.assistant) or m.assistant, m.attrs), torch_threads(m.threads),
+                  count_hf_acceptance() as hf_counts, timer.timing(res)):
                 t0 = time.perf_counter()
                 out = target.generate(
                     ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
@@ -342,6 +377,8 @@ def compare_methods(
                 res.outputs.append(out[0, ids.shape[1]:].tolist())
             if isinstance(m.assistant, TrimmedDrafter):
                 res.stats.add(m.assistant.last_speculation_stats)
+            elif m.kind == "ssd":
+                res.stats.add(m.assistant.last_stats)
             elif m.assistant is not None:
                 res.stats.add(SpeculationStats(**hf_counts))
     finally:
@@ -437,6 +474,12 @@ class BenchConfig:
     repeats: int = 2
     num_assistant_tokens: int = 5
     context_tokens: bool = False  # also run every trimmed k with drafter.use_context_tokens = True
+    # SSD (hf_vocabspec.ssd): per trimmed k, an SSD row with default settings (fallback on) in this mode, next
+    # to ordinary speculative decoding at 1 torch thread (the 2-thread row is the trimmed row itself)
+    ssd: bool = False
+    ssd_mode: str = "worker"
+    ssd_fan_out: int = 3
+    ssd_saguaro_scale: float = 1.0
 
 
 _MODES = {"greedy": {"do_sample": False}, "t0.7": {"do_sample": True, "temperature": 0.7, "top_k": 0},
@@ -462,6 +505,7 @@ def run_benchmark(cfg: BenchConfig, out_dir, progress: Callable | None = None) -
     set_draft_length(full.generation_config, cfg.num_assistant_tokens)
     methods = [Method("target only"), Method("HF assisted (untrimmed)", full)]
     trimmed = []
+    sessions = []  # SSD sessions (worker processes), closed at the end
     sizes = [counts.smallest_k_for_coverage(c) for c in cfg.coverages] + list(cfg.ks)
     for k in sorted(set(sizes)):
         d = trim_drafter(load_model(drafter_name, dtype=dtype), counts.top_k(k), tokenizer=tokenizer)
@@ -471,6 +515,8 @@ def run_benchmark(cfg: BenchConfig, out_dir, progress: Callable | None = None) -
         methods.append(Method(name, d, attrs={"use_context_tokens": False}))
         if cfg.context_tokens:  # same drafter object, switch flipped per generate call
             methods.append(Method(f"{name} +context", d, attrs={"use_context_tokens": True}))
+        if cfg.ssd:
+            methods += _ssd_methods(cfg, name, d, sessions)
 
     from ..cost import measure_draft_latency
 
@@ -486,6 +532,8 @@ def run_benchmark(cfg: BenchConfig, out_dir, progress: Callable | None = None) -
             res = compare_methods(target, methods, prompts, max_new_tokens=cfg.max_new_tokens, repeats=cfg.repeats,
                                   generate_kwargs=_MODES[mode], progress=progress)
             rows = method_rows(res, "target only", "HF assisted (untrimmed)")
+            if cfg.ssd:
+                ssd_rows(res, rows, methods, cfg.num_assistant_tokens)
             for m in methods:
                 if isinstance(m.assistant, TrimmedDrafter):
                     rows[m.name]["eval_coverage"] = eval_counts.coverage_of(m.assistant.d2t)
@@ -494,9 +542,61 @@ def run_benchmark(cfg: BenchConfig, out_dir, progress: Callable | None = None) -
             report["runs"].append({"workload": workload, "in_domain": workload == cfg.vocab_dataset, "mode": mode,
                                    "prompts": len(prompts), "methods": rows, "greedy_identical": identical})
             (out / "results.json").write_text(json.dumps(report, indent=2))
+    for session in sessions:
+        session.close()
     (out / "results.md").write_text(format_report(report))
     plot_report(report, out)
     return report
+
+
+def _ssd_methods(cfg: BenchConfig, name: str, drafter: TrimmedDrafter, sessions: list) -> list[Method]:
+    """SSD row (default settings: the fallback decides) and the 1-thread ordinary row it is also compared with.
+
+    Worker mode splits the cores: the target's process and the drafter worker get one torch thread each
+    (SSDConfig.draft_threads), so ordinary speculative decoding is run at 1 thread too; the best of the 1- and
+    2-thread ordinary rows is the baseline.
+    """
+    from ..ssd import SSDConfig
+
+    with applied_attrs(drafter, {"use_context_tokens": False}):  # the worker copies the switches at start
+        session = drafter.with_ssd(SSDConfig(fan_out=cfg.ssd_fan_out, saguaro_scale=cfg.ssd_saguaro_scale,
+                                             mode=cfg.ssd_mode, num_assistant_tokens=cfg.num_assistant_tokens))
+    sessions.append(session)
+    off = {"use_context_tokens": False}
+    return [Method(f"{name} (1 thread)", drafter, attrs=off, threads=1),
+            Method(f"{name} SSD {cfg.ssd_mode} F={cfg.ssd_fan_out} C={cfg.ssd_saguaro_scale:g}", session, attrs=off,
+                   threads=1 if cfg.ssd_mode == "worker" else None)]
+
+
+def ssd_rows(res: dict[str, MethodResult], rows: dict[str, dict], methods: Sequence[Method], num_draft_tokens: int):
+    """Add to each SSD row: measured speedup over the best ordinary row with the same drafter, and the speedup
+    PROJECTED for a drafter with dedicated compute (hf_vocabspec.ssd.project_speedup) from the measured hit
+    rate and tree time (SSD row) and the measured draft step, verify step and tau of the ordinary 1-thread row."""
+    from ..ssd import project_speedup
+
+    by_drafter: dict[int, list[Method]] = {}
+    for m in methods:
+        if m.kind in ("trimmed", "ssd") and not m.attrs.get("use_context_tokens", False):
+            by_drafter.setdefault(id(_drafter_of(m.assistant)), []).append(m)
+    for group in by_drafter.values():
+        ordinary = [m for m in group if m.kind == "trimmed"]
+        for m in (m for m in group if m.kind == "ssd"):
+            if not ordinary:
+                continue
+            best = max(ordinary, key=lambda o: res[o.name].tokens_per_s)
+            one = next((o for o in ordinary if o.threads == 1), best)
+            row, st, base = rows[m.name], res[m.name].stats, res[one.name]
+            row["ssd"]["baseline"] = best.name
+            row["ssd"]["measured_speedup_vs_sd"] = median_ratio(res[m.name], res[best.name])
+            if None in (base.draft_step_ms, base.target_step_ms, base.mean_accepted_length) or not st.trees:
+                row["ssd"]["projected_speedup_vs_sd"] = None
+                continue
+            proj = project_speedup(hit_rate=st.hit_rate, draft_step_s=base.draft_step_ms / 1e3,
+                                   verify_step_s=base.target_step_ms / 1e3, tree_s=st.tree_s,
+                                   num_draft_tokens=num_draft_tokens, tau_sd=base.mean_accepted_length,
+                                   tau_ssd=res[m.name].mean_accepted_length, compute="dedicated")
+            row["ssd"]["projected_speedup_vs_sd"] = proj.speedup
+            row["ssd"]["projection_inputs"] = proj.measured_inputs
 
 
 def median_ratio(r: MethodResult, base: MethodResult) -> dict:
@@ -542,7 +642,17 @@ def format_report(report: dict) -> str:
             cov = f"{row['eval_coverage']:.1%}" if "eval_coverage" in row else "-"
             lines.append(f"| {run['workload']} ({dom}) | {run['mode']} | {name} | {kv} | {cov} | "
                          f"{row['tokens_per_s']:.2f} | {fmt(vs_t)} | {fmt(vs_h)} | {acc} | {tau} | {_timing_cells(row)} |")
-    return head + "\n".join(lines) + f"\n\n{_TIMING_NOTE}\n"
+    ssd = [f"- {run['workload']} {run['mode']}, {name}: hit rate {row['ssd']['hit_rate']:.0%} "
+           f"({row['ssd']['lookups']} lookups), tree {row['ssd']['tree_ms']:.1f} ms, measured "
+           f"{_x((row['ssd'].get('measured_speedup_vs_sd') or {}).get('median'))} vs {row['ssd'].get('baseline', '-')}, "
+           f"PROJECTED {_x(row['ssd'].get('projected_speedup_vs_sd'))} with dedicated drafter compute"
+           + (f"; fell back: {row['ssd']['fallback_reason']}" if row["ssd"]["fell_back"] else "")
+           for run in report["runs"] for name, row in run["methods"].items() if "ssd" in row]
+    if ssd:
+        ssd = ["", "SSD (measured on this machine unless marked PROJECTED; an SSD row's draft ms also counts "
+               "sync-mode tree forwards; worker-mode drafter forwards run in another process and are not timed):",
+               *ssd]
+    return head + "\n".join(lines) + f"\n\n{_TIMING_NOTE}\n" + "\n".join(ssd) + ("\n" if ssd else "")
 
 
 def plot_report(report: dict, out_dir) -> None:
