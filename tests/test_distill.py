@@ -12,11 +12,14 @@ from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 from hf_vocabspec import TrimmedDrafter, trim_drafter
 from hf_vocabspec.evaluation.distill import (
+    CONFIG_FILE,
     OPTIMIZER_FILE,
     REPORT_FILE,
-    STATE_FILE,
+    SCHEDULER_FILE,
     DistillConfig,
+    DistillResult,
     build_student,
+    checkpoint_dir,
     distill,
 )
 
@@ -82,15 +85,23 @@ def config(target, out, **kw) -> DistillConfig:
 def test_learns_and_saves_a_trimmable_checkpoint(target, tmp_path):
     out = tmp_path / "student"
     res = distill(config(target, out), progress=False)
-    assert res["step"] == 30 and res["steps_done"] == 30 and res["stopped"] == "max_steps"
-    losses = [loss for _, loss in json.loads((out / STATE_FILE).read_text())["history"]["loss"]]
-    assert sum(losses[-5:]) < 0.7 * sum(losses[:5]), losses
-    assert res["final_agreement"] > res["initial_agreement"] + 0.08, res
+    assert isinstance(res, DistillResult) and res.world_size == 1
+    assert res.step == 30 and res.steps_done == 30 and res.stopped == "max_steps"
     report = json.loads((out / REPORT_FILE).read_text())
-    assert report["final_agreement"] == res["final_agreement"] and report["step"] == 30
-    assert res["tokens_seen"] == 30 * 4 * 32
+    losses = [loss for _, loss in report["loss_history"]]
+    assert len(losses) == 30 and sum(losses[-5:]) < 0.7 * sum(losses[:5]), losses
+    assert res.final_agreement > res.initial_agreement + 0.08, res
+    assert report["final_agreement"] == res.final_agreement and report["step"] == 30
+    assert [s for s, _ in report["agreement_history"]] == [0, 10, 20, 30]
+    assert res.tokens_seen == 30 * 4 * 32 and 0 < res.assistant_positions_seen < res.tokens_seen
     # a plain HF directory: safetensors only, loads with Auto*, trims with the tokenizer saved beside it
-    assert not list(out.glob("*.bin")) and not list(out.glob("*.pt")) and (out / OPTIMIZER_FILE).is_file()
+    assert not list(out.glob("*.bin")) and not list(out.glob("*.pt")) and not list(out.glob("*.pth"))
+    # resumable checkpoints beside it, without pickle: optimizer moments in safetensors, the rest JSON
+    ckpts = checkpoint_dir(out)
+    last = ckpts / "checkpoint-30"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["checkpoint-20", "checkpoint-30"]
+    assert (last / OPTIMIZER_FILE).is_file() and (last / SCHEDULER_FILE).is_file() and (last / CONFIG_FILE).is_file()
+    assert not [f.name for f in ckpts.rglob("*") if f.suffix in (".pt", ".pth", ".bin", ".pkl")]
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.config.num_hidden_layers == 1
     from transformers import AutoTokenizer
@@ -101,21 +112,24 @@ def test_learns_and_saves_a_trimmable_checkpoint(target, tmp_path):
 
 
 def test_resume_matches_an_uninterrupted_run(target, tmp_path):
+    """Trainer's resume (weights, AdamW moments from safetensors, schedule and RNG from JSON, the data
+    stream replayed past the trained batches) continues exactly where an uninterrupted run would be."""
     kw = dict(max_steps=6, save_every=3, autocast=True, target_dtype="bfloat16")
     straight = distill(config(target, tmp_path / "a", **kw), progress=False)
     first = distill(config(target, tmp_path / "b", **dict(kw, max_steps=3)), progress=False)
-    assert first["step"] == 3
-    state = json.loads((tmp_path / "b" / STATE_FILE).read_text())
-    assert state["step"] == 3 and state["data"]["pos"] > 0
+    assert first.step == 3
+    assert (checkpoint_dir(tmp_path / "b") / "checkpoint-3" / "trainer_state.json").is_file()
     resumed = distill(config(target, tmp_path / "b", **kw), progress=False)
-    assert resumed["step"] == 6 and resumed["steps_done"] == 3
-    assert resumed["initial_agreement"] == straight["initial_agreement"]
+    assert resumed.step == 6 and resumed.steps_done == 3
+    assert resumed.initial_agreement == straight.initial_agreement
+    assert resumed.tokens_seen == straight.tokens_seen == 6 * 4 * 32
+    assert resumed.assistant_positions_seen == straight.assistant_positions_seen
     a = AutoModelForCausalLM.from_pretrained(tmp_path / "a").state_dict()
     b = AutoModelForCausalLM.from_pretrained(tmp_path / "b").state_dict()
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
-    la = json.loads((tmp_path / "a" / STATE_FILE).read_text())["history"]["loss"]
-    lb = json.loads((tmp_path / "b" / STATE_FILE).read_text())["history"]["loss"]
+    la = json.loads((tmp_path / "a" / REPORT_FILE).read_text())["loss_history"]
+    lb = json.loads((tmp_path / "b" / REPORT_FILE).read_text())["loss_history"]
     assert [s for s, _ in la] == [s for s, _ in lb] == list(range(1, 7))
     assert [v for _, v in la] == pytest.approx([v for _, v in lb], rel=1e-4)
     # a resume with settings that change the data order is refused, naming the way out
@@ -123,9 +137,26 @@ def test_resume_matches_an_uninterrupted_run(target, tmp_path):
         distill(config(target, tmp_path / "b", **dict(kw, batch_size=2)), progress=False)
 
 
+def test_resume_power_check(target, tmp_path, monkeypatch):
+    """The comparison above can fail: a resume that does not skip the batches already trained on (it
+    trains on the first windows again) ends at other weights."""
+    import hf_vocabspec.evaluation.distill as mod
+
+    kw = dict(max_steps=4, save_every=2, target_dtype="float32", autocast=False)
+    distill(config(target, tmp_path / "a", **kw), progress=False)
+    distill(config(target, tmp_path / "b", **dict(kw, max_steps=2)), progress=False)
+    args = mod._training_args(config(target, tmp_path / "b", **kw), checkpoint_dir(tmp_path / "b"), False)
+    args.ignore_data_skip = True
+    monkeypatch.setattr(mod, "_training_args", lambda *a, **k: args)
+    assert distill(config(target, tmp_path / "b", **kw), progress=False).steps_done == 2
+    a = AutoModelForCausalLM.from_pretrained(tmp_path / "a").state_dict()
+    b = AutoModelForCausalLM.from_pretrained(tmp_path / "b").state_dict()
+    assert any(not torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-6) for k in a)
+
+
 def test_time_budget_stops_and_saves(target, tmp_path):
     res = distill(config(target, tmp_path / "t", max_steps=None, time_budget_s=0.01), progress=False)
-    assert res["stopped"] == "time_budget" and res["step"] == 0
+    assert res.stopped == "time_budget" and res.step == 0
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "t").config.num_hidden_layers == 1
 
 
@@ -173,6 +204,54 @@ def test_cli_distill_from_saved_target_and_jsonl(target, tmp_path, capsys):
                  "--max-steps", "4", "--save-every", "2", "--seq-len", "32", "--batch-size", "2",
                  "--eval-sequences", "4", "--target-dtype", "float32", "--output", str(out)]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["step"] == 4 and summary["stopped"] == "max_steps"
+    assert summary["step"] == 4 and summary["stopped"] == "max_steps" and summary["world_size"] == 1
     assert json.loads((out / REPORT_FILE).read_text())["step"] == 4
     assert AutoModelForCausalLM.from_pretrained(out).config.num_hidden_layers == 1
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_under_accelerate_launch(target, tmp_path):
+    """The same command under `accelerate launch` on 2 REAL CPU processes (gloo): both ranks train
+    (tokens counted over both), the student loads, and the checkpoint resumes under 2 processes."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    target.save_pretrained(tmp_path / "target")
+    tiny_tokenizer().save_pretrained(tmp_path / "target")
+    data = tmp_path / "chats.jsonl"
+    data.write_text("\n".join(json.dumps(c) for c in chats(60)))
+    out = tmp_path / "student"
+    # NOTE: `--cpu --num_processes 2` starts ONE process; --multi_gpu starts two via torchrun (see test_distributed)
+    launch = [str(Path(sys.executable).parent / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2",
+              "--main_process_port", str(_free_port()), "-m", "hf_vocabspec.cli", "distill",
+              "--target", str(tmp_path / "target"), "--dataset", str(data), "--num-layers", "1", "--save-every", "2",
+              "--seq-len", "32", "--batch-size", "2", "--eval-sequences", "4", "--target-dtype", "float32",
+              "--no-progress", "--output", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+
+    def run(steps):
+        proc = subprocess.run(launch + ["--max-steps", str(steps)], capture_output=True, text=True, env=env,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.count('"world_size"') == 1, proc.stdout  # one rank prints the summary
+        return json.loads(proc.stdout[proc.stdout.index("{"):])
+
+    summary = run(3)
+    assert summary["world_size"] == 2 and summary["global_batch"] == 4 and summary["step"] == 3
+    assert summary["tokens_seen"] == 3 * 2 * 2 * 32  # gathered over both ranks: each fed its own batch
+    report = json.loads((out / REPORT_FILE).read_text())
+    assert report["world_size"] == 2 and report["config"]["world_size"] == 2
+    assert AutoModelForCausalLM.from_pretrained(out).config.num_hidden_layers == 1
+    ckpt = checkpoint_dir(out) / "checkpoint-3"
+    assert {p.name for p in ckpt.glob("rng_state_*")} == {"rng_state_0.safetensors", "rng_state_1.safetensors"}
+    resumed = run(4)
+    assert resumed["step"] == 4 and resumed["steps_done"] == 1 and resumed["tokens_seen"] == 4 * 2 * 2 * 32

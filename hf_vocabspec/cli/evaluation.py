@@ -177,9 +177,15 @@ def cmd_distill(args) -> int:
     )
     if cfg.max_steps is None and cfg.time_budget_s is None:
         cfg.max_steps = 1000
-    summary = distill(cfg, progress=True)
-    print(json.dumps(summary, indent=2))
-    log(f"student saved to {args.output} (stopped: {summary['stopped']}); report: {args.output}/distill_report.json")
+    summary = distill(cfg, progress=not args.no_progress)
+    if summary.world_size > 1:
+        from accelerate import PartialState
+
+        if not PartialState().is_main_process:  # every rank trained; one prints
+            return 0
+    print(json.dumps(summary.to_dict(), indent=2))
+    log(f"student saved to {args.output} (stopped: {summary.stopped}, {summary.world_size} process(es)); "
+        f"report: {args.output}/distill_report.json, checkpoints: {summary.checkpoint_dir}")
     return 0
 
 
@@ -255,7 +261,8 @@ def register(sub) -> None:
     rb.add_argument("--output", default="results/rdk")
     rb.set_defaults(func=cmd_rdk_bench)
 
-    ds = sub.add_parser("distill", help="distil a small same-tokenizer drafter: the target's first layers, trained by KL")
+    ds = sub.add_parser("distill", help="distil a small same-tokenizer drafter: the target's first layers, trained by "
+                        "KL on transformers' Trainer (accelerate launch ... -m hf_vocabspec.cli distill: N processes)")
     ds.add_argument("--target", default="offline:smollm2-135m-instruct")
     ds.add_argument("--num-layers", type=int, default=4, help="student depth (the target's first N layers)")
     ds.add_argument("--dataset", default="offline:sharegpt", help="chat dataset; trains on assistant positions")
@@ -263,7 +270,7 @@ def register(sub) -> None:
     ds.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                     help="stop cleanly (eval + save included) within this wall-clock time")
     ds.add_argument("--seq-len", type=int, default=256)
-    ds.add_argument("--batch-size", type=int, default=8)
+    ds.add_argument("--batch-size", type=int, default=8, help="windows per process and step")
     ds.add_argument("--lr", type=float, default=3e-4)
     ds.add_argument("--warmup-steps", type=int, default=10)
     ds.add_argument("--save-every", type=int, default=50)
@@ -273,6 +280,8 @@ def register(sub) -> None:
                     help="dtype of the target that gives training distributions (agreement is scored vs fp32)")
     ds.add_argument("--no-autocast", action="store_true", help="train the student without bf16 autocast")
     ds.add_argument("--train-embeddings", action="store_true", help="also train the (tied) embeddings / LM head")
-    ds.add_argument("--overwrite", action="store_true", help="start afresh instead of resuming from --output")
+    ds.add_argument("--overwrite", action="store_true",
+                    help="start afresh instead of resuming from the checkpoints beside --output (<output>.checkpoints)")
+    ds.add_argument("--no-progress", action="store_true", help="no progress bar (logs and the summary only)")
     ds.add_argument("--output", default=None, help="default: results/distilled/<target>-<N>l")
     ds.set_defaults(func=cmd_distill)

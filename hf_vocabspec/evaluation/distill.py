@@ -14,16 +14,23 @@ trained where a drafter drafts. The target runs under ``no_grad`` each step in `
 (bfloat16 by default: ~3x faster on CPUs with AVX-512 BF16); agreement is always scored against the
 float32 target, computed once on held-out conversations that training never sees.
 
-Checkpoints are plain ``save_pretrained`` directories (safetensors) plus ``trainer_state.json`` and
-``optimizer.safetensors`` (AdamW moments by parameter name; no pickle), swapped in atomically, so a
-killed run resumes from the last checkpoint with the same data order.
+The loop is transformers' ``Trainer`` (so ``accelerate launch`` runs it data-parallel on N processes or
+GPUs unchanged): :class:`DistillTrainer` adds the KL loss with the frozen target held OUTSIDE the trained
+model (never in the optimizer, never wrapped by DDP), the held-out agreement as its ``evaluate``, and
+checkpoints without pickle (Trainer's ``torch.save`` of optimizer, scheduler, RNG and arguments replaced by
+safetensors + JSON). :class:`_Budget` stops cleanly on the wall-clock budget or SIGINT/SIGTERM, agreed by
+all ranks. Checkpoints live in ``<output>.checkpoints/checkpoint-N``; the finished student (plus
+``distill_report.json``) is swapped into ``<output>`` atomically.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
+import random
+import shutil
 import signal
 import threading
 import time
@@ -34,29 +41,37 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 from jinja2 import TemplateError
+from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-from .._io import atomic_directory, recover_directory
+from .._io import atomic_directory, atomic_write
 from ..coverage import _ASSISTANT_ROLES, assistant_turn_format, normalized_messages
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.safetensors"
+SCHEDULER_FILE = "scheduler.json"
+CONFIG_FILE = "distill_config.json"
 REPORT_FILE = "distill_report.json"
-_FORMAT = 1
+TRAINER_STATE_FILE = "trainer_state.json"  # Trainer writes it last: a checkpoint with it is complete
+_FORMAT = 2
 _MIN_EVAL_POSITIONS = 8
+_NO_STEP_LIMIT = 10**9  # Trainer needs max_steps with a streamed dataset; the time budget stops it first
 # No chat template: conversations render as each turn's content followed by eos (a base model's view).
 _FALLBACK_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{{ eos_token }}{% endfor %}"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # settings that decide the data order, the student or the eval set: a resume must not change them
 _RESUME_KEYS = ("num_layers", "seq_len", "batch_size", "seed", "eval_sequences", "max_conversation_tokens",
-                "freeze_embeddings")
+                "freeze_embeddings", "world_size")
 
 
 @dataclass
 class DistillConfig:
-    """What to distil and how long. ``target``/``dataset``/``tokenizer`` take names or loaded objects."""
+    """What to distil and how long. ``target``/``dataset``/``tokenizer`` take names or loaded objects.
+
+    ``batch_size`` is per process: under ``accelerate launch`` on N processes a step sees N x batch_size windows.
+    """
 
     target: Any = "offline:smollm2-135m-instruct"
     num_layers: int = 4
@@ -80,6 +95,31 @@ class DistillConfig:
     freeze_embeddings: bool = True  # keep the (tied) embeddings/head equal to the target's: cheaper, no drift
     overwrite: bool = False  # start afresh even if output_dir holds a checkpoint
     extra: dict = field(default_factory=dict)  # recorded in the report as-is
+
+
+@dataclass
+class DistillResult:
+    """What a ``distill`` call did; ``world_size`` processes took part (``accelerate launch``)."""
+
+    output_dir: str
+    checkpoint_dir: str
+    step: int
+    steps_done: int
+    stopped: str  # "max_steps", "time_budget" or "interrupted"
+    initial_agreement: float
+    final_agreement: float
+    loss_first: float | None
+    loss_last: float | None
+    tokens_seen: int
+    assistant_positions_seen: int
+    seconds: float
+    seconds_per_step: float | None
+    world_size: int
+    global_batch: int
+    meta: dict
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
 # ----------------------------------------------------------------------------------------------- student
@@ -182,61 +222,46 @@ def _check_dataset(dataset) -> None:
                      "conversations: distillation trains on assistant text; pass a chat dataset with responses.")
 
 
-class _Stream:
-    """Packed ``seq_len`` windows over the training conversations; position = (epoch, pos, offset)."""
+class _Windows(torch.utils.data.IterableDataset):
+    """Packed ``seq_len`` windows over the training conversations, endless, in a seeded order per epoch.
+
+    The sequence of windows depends only on the seed, so Trainer's resume (which replays and skips the
+    batches already trained on) continues with exactly the windows an uninterrupted run would see.
+    """
 
     def __init__(self, dataset, indices: list[int], tokenize: _Tokenizer, seq_len: int, seed: int,
-                 max_tokens: int | None, state: dict | None = None):
+                 max_tokens: int | None):
         self.dataset, self.indices, self.tokenize = dataset, indices, tokenize
         self.seq_len, self.seed, self.max_tokens = seq_len, seed, max_tokens
-        self.epoch, self.pos, self.offset = (state["epoch"], state["pos"], state["offset"]) if state else (0, 0, 0)
-        self._order: tuple[int, list[int]] | None = None
-        self._cached: tuple[int, tuple | None] | None = None
 
-    def state(self) -> dict:
-        return {"epoch": self.epoch, "pos": self.pos, "offset": self.offset}
+    def _conversations(self):
+        epoch, empty_run = 0, 0
+        while True:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            for j in torch.randperm(len(self.indices), generator=g).tolist():
+                tokens = self.tokenize(self.dataset[self.indices[j]])
+                if tokens is None:
+                    empty_run += 1
+                    if empty_run > len(self.indices):
+                        raise ValueError("No training conversation yields assistant tokens with this tokenizer's "
+                                         "chat template: pass a chat dataset with assistant responses.")
+                    continue
+                empty_run = 0
+                if self.max_tokens:
+                    tokens = (tokens[0][: self.max_tokens], tokens[1][: self.max_tokens])
+                yield tokens
+            epoch += 1
 
-    def _conversation(self) -> tuple[list[int], list[bool]] | None:
-        if self._order is None or self._order[0] != self.epoch:
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-            self._order = (self.epoch, torch.randperm(len(self.indices), generator=g).tolist())
-        idx = self.indices[self._order[1][self.pos]]
-        if self._cached is None or self._cached[0] != (self.epoch, self.pos):
-            tokens = self.tokenize(self.dataset[idx])
-            if tokens is not None and self.max_tokens:
-                tokens = (tokens[0][: self.max_tokens], tokens[1][: self.max_tokens])
-            self._cached = ((self.epoch, self.pos), tokens)
-        return self._cached[1]
-
-    def _advance(self) -> None:
-        self.pos, self.offset = self.pos + 1, 0
-        if self.pos >= len(self.indices):
-            self.epoch, self.pos = self.epoch + 1, 0
-
-    def window(self) -> tuple[list[int], list[bool]]:
+    def __iter__(self):
         ids: list[int] = []
         mask: list[bool] = []
-        empty_run = 0
-        while len(ids) < self.seq_len:
-            conv = self._conversation()
-            if conv is None or self.offset >= len(conv[0]):
-                empty_run = empty_run + 1 if conv is None else 0
-                if empty_run > len(self.indices):
-                    raise ValueError("No training conversation yields assistant tokens with this tokenizer's chat "
-                                     "template: pass a chat dataset with assistant responses.")
-                self._advance()
-                continue
-            take = min(self.seq_len - len(ids), len(conv[0]) - self.offset)
-            ids += conv[0][self.offset: self.offset + take]
-            mask += conv[1][self.offset: self.offset + take]
-            self.offset += take
-            if self.offset >= len(conv[0]):
-                self._advance()
-        return ids, mask
-
-    def batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = [self.window() for _ in range(batch_size)]
-        return torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows])
+        for conv_ids, conv_mask in self._conversations():
+            ids += conv_ids
+            mask += conv_mask
+            while len(ids) >= self.seq_len:
+                yield {"input_ids": torch.tensor(ids[: self.seq_len]),
+                       "loss_mask": torch.tensor(mask[: self.seq_len])}
+                ids, mask = ids[self.seq_len:], mask[self.seq_len:]
 
 
 def _split(dataset, tokenize: _Tokenizer, n_eval: int, seq_len: int, seed: int):
@@ -280,77 +305,228 @@ def top1_agreement(student, ids: torch.Tensor, mask: torch.Tensor, reference: to
     was_training = student.training
     student.eval()
     try:
-        sel = mask[:, 1:]
-        hit = (_top1(student, ids, batch_size) == reference) & sel
+        device = next(student.parameters()).device
+        sel = mask[:, 1:].to(device)
+        hit = (_top1(student, ids.to(device), batch_size) == reference.to(device)) & sel
         return float(hit.sum()) / max(1, int(sel.sum()))
     finally:
         student.train(was_training)
 
 
-def _kl_loss(student, target, ids: torch.Tensor, mask: torch.Tensor, autocast: bool) -> torch.Tensor:
-    """KL(target || student) averaged over positions whose next token is assistant text."""
-    sel = mask[:, 1:]
-    with torch.no_grad():
-        t_logp = target(input_ids=ids).logits[:, :-1][sel].float().log_softmax(-1)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        s_logits = student(input_ids=ids).logits[:, :-1][sel]
-    s_logp = s_logits.float().log_softmax(-1)
-    return F.kl_div(s_logp, t_logp, log_target=True, reduction="batchmean")
+def _warmup(step: int, warmup_steps: int) -> float:
+    """Linear warmup, then constant: a schedule that does not depend on how long a resumed run goes on
+    (the first step already learns, unlike ``constant_with_warmup``, whose step 0 has lr 0)."""
+    return min(1.0, (step + 1) / max(1, warmup_steps))
 
 
-def _lr_at(step: int, cfg: DistillConfig) -> float:
-    """Linear warmup, then constant: a schedule that does not depend on how long a resumed run goes on."""
-    return cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup_steps))
-
-
-def _trainable(student, cfg: DistillConfig) -> list[tuple[str, torch.nn.Parameter]]:
+def _freeze(student, cfg: DistillConfig) -> None:
     emb = student.get_input_embeddings().weight
     head = student.get_output_embeddings()
     frozen = {id(emb), id(head.weight)} if cfg.freeze_embeddings and head is not None else set()
-    named = []
-    for name, p in student.named_parameters():
+    for p in student.parameters():
         p.requires_grad_(id(p) not in frozen)
-        if p.requires_grad:
-            named.append((name, p))
-    return named
 
 
-# ----------------------------------------------------------------------------------------- checkpointing
+class DistillTrainer(Trainer):
+    """``Trainer`` with KL(target || student) on assistant positions and pickle-free checkpoints.
+
+    ``teacher`` is a plain attribute, not part of ``model``: Trainer never optimizes it, DDP never wraps it.
+    ``evaluate`` is top-1 agreement with the fp32 target's argmax on the held-out windows.
+    """
+
+    def __init__(self, *args, teacher, eval_windows: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                 autocast: bool, distill_record: dict, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.teacher = teacher.to(self.args.device).eval().requires_grad_(False)
+        self.eval_windows = eval_windows
+        self.autocast = autocast
+        self.distill_record = distill_record
+        self._positions = 0  # assistant positions trained on by this process since the last log
+
+    # ---- loss / schedule / eval
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """KL(target || student) averaged over this process's positions whose next token is assistant text."""
+        ids, sel = inputs["input_ids"], inputs["loss_mask"][:, 1:]
+        self._positions += int(sel.sum())
+        with torch.no_grad():
+            t_logp = self.teacher(input_ids=ids).logits[:, :-1][sel].float().log_softmax(-1)
+        with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            out = model(input_ids=ids)
+        s_logp = out.logits[:, :-1][sel].float().log_softmax(-1)
+        loss = F.kl_div(s_logp, t_logp, log_target=True, reduction="batchmean")
+        return (loss, out) if return_outputs else loss
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        if self.lr_scheduler is None:
+            self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
+                optimizer if optimizer is not None else self.optimizer,
+                functools.partial(_warmup, warmup_steps=self.args.warmup_steps))
+        return self.lr_scheduler
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict:
+        ids, mask, reference = self.eval_windows
+        student = self.accelerator.unwrap_model(self.model)
+        metrics = {f"{metric_key_prefix}_agreement": top1_agreement(student, ids, mask, reference,
+                                                                    self.args.per_device_eval_batch_size)}
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs:  # every rank logs the loss together (Trainer gathers it): count positions alike
+            n = torch.tensor(self._positions, device=self.args.device)
+            logs["assistant_positions"] = int(self.accelerator.reduce(n, "sum"))
+            self._positions = 0
+        super().log(logs, start_time)
+
+    # ---- checkpoints without pickle: optimizer moments -> safetensors, small state -> JSON
+
+    def _param_names(self) -> list[str]:
+        name_of = {id(p): n for n, p in self.accelerator.unwrap_model(self.model).named_parameters()}
+        return [name_of[id(p)] for g in self.optimizer.param_groups for p in g["params"]]
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        if not self.args.should_save:
+            return
+        os.makedirs(output_dir, exist_ok=True)
+        self.accelerator.unwrap_model(self.model).save_pretrained(output_dir, state_dict=state_dict)
+        if self.processing_class is not None:
+            self.processing_class.save_pretrained(output_dir)
+        # instead of torch.save(self.args): the distillation settings, as JSON
+        atomic_write(Path(output_dir) / CONFIG_FILE,
+                     lambda p: p.write_text(json.dumps(self.distill_record, indent=1)))
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        if not self.args.should_save:
+            return
+        from safetensors.torch import save_file
+
+        names = self._param_names()
+        sd = self.optimizer.state_dict()
+        tensors = {}
+        for i, name in enumerate(names):
+            for key, value in sd["state"].get(i, {}).items():
+                t = value if torch.is_tensor(value) else torch.tensor(value)
+                tensors[f"{name}::{key}"] = t.detach().cpu().contiguous().clone()
+        os.makedirs(output_dir, exist_ok=True)
+        save_file(tensors, os.path.join(output_dir, OPTIMIZER_FILE))
+        groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items() if k != "params"}
+                  | {"params": len(g["params"])} for g in sd["param_groups"]]
+        index = {"format": _FORMAT, "param_names": names, "param_groups": groups,
+                 "scheduler": self.lr_scheduler.state_dict()}
+        Path(output_dir, SCHEDULER_FILE).write_text(json.dumps(index, indent=1))
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        if checkpoint is None:
+            return
+        from safetensors.torch import load_file
+
+        index = json.loads(Path(checkpoint, SCHEDULER_FILE).read_text())
+        names = self._param_names()
+        if index["param_names"] != names:
+            raise ValueError(f"{checkpoint} was trained with different trainable parameters (freeze_embeddings "
+                             "changed?): resume with the same settings or pass overwrite=True / --overwrite.")
+        device = self.args.device
+        state: dict[int, dict] = {}
+        for key, t in load_file(os.path.join(checkpoint, OPTIMIZER_FILE)).items():
+            name, _, slot = key.rpartition("::")
+            state.setdefault(names.index(name), {})[slot] = t if slot == "step" else t.to(device)
+        groups, start = [], 0
+        for g in index["param_groups"]:
+            n = g["params"]
+            g = dict(g, params=list(range(start, start + n)))
+            start += n
+            if isinstance(g.get("betas"), list):
+                g["betas"] = tuple(g["betas"])
+            groups.append(g)
+        self.optimizer.load_state_dict({"state": state, "param_groups": groups})
+        self.lr_scheduler.load_state_dict(index["scheduler"])
+
+    def _rng_file(self, directory: str) -> str:
+        return os.path.join(directory, f"rng_state_{self.args.process_index}.safetensors")
+
+    def _save_rng_state(self, output_dir: str) -> None:
+        import numpy as np
+        from safetensors.torch import save_file
+
+        tensors = {"cpu": torch.random.get_rng_state()}
+        if torch.cuda.is_available():
+            tensors["cuda"] = torch.cuda.get_rng_state()
+        kind, keys, pos, has_gauss, gauss = np.random.get_state()
+        meta = {"python": json.dumps(random.getstate()),
+                "numpy": json.dumps([kind, keys.tolist(), pos, has_gauss, gauss])}
+        os.makedirs(output_dir, exist_ok=True)
+        save_file(tensors, self._rng_file(output_dir), metadata=meta)
+
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        if checkpoint is None or not os.path.isfile(self._rng_file(checkpoint)):
+            return
+        import numpy as np
+        from safetensors import safe_open
+
+        with safe_open(self._rng_file(checkpoint), framework="pt") as f:
+            meta = f.metadata()
+            torch.random.set_rng_state(f.get_tensor("cpu"))
+            if torch.cuda.is_available() and "cuda" in f.keys():
+                torch.cuda.set_rng_state(f.get_tensor("cuda"))
+        version, state, gauss = json.loads(meta["python"])
+        random.setstate((version, tuple(state), gauss))
+        kind, keys, pos, has_gauss, cached = json.loads(meta["numpy"])
+        np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
 
 
-def _save_optimizer(opt: torch.optim.Optimizer, names: list[str], path: Path) -> dict:
-    from safetensors.torch import save_file
+class _Budget(TrainerCallback):
+    """Stops training (evaluating and saving first) when the wall-clock budget would be exceeded or on the
+    first SIGINT/SIGTERM (a second one kills as usual). Every rank must stop at the same step, so the
+    decision is a max over ranks each step (one tiny collective)."""
 
-    sd = opt.state_dict()
-    tensors = {}
-    for i, name in enumerate(names):
-        for key, value in sd["state"].get(i, {}).items():
-            t = value if torch.is_tensor(value) else torch.tensor(value)
-            tensors[f"{name}::{key}"] = t.detach().contiguous().clone()
-    save_file(tensors, str(path))
-    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items() if k != "params"}
-              for g in sd["param_groups"]]
-    return {"file": OPTIMIZER_FILE, "param_names": names, "param_groups": groups}
+    def __init__(self, t0: float, budget_s: float | None, reserve_s: float):
+        self.t0, self.budget_s, self.reserve_s = t0, budget_s, reserve_s
+        self.step_times: list[float] = []
+        self.reason: str | None = None
+        self._signal = threading.Event()
+        self._handlers: dict = {}
+        self._step_start = self._save_start = 0.0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if threading.current_thread() is threading.main_thread():
+            def on_signal(signum, frame):
+                self._signal.set()
+                signal.signal(signum, self._handlers[signum])
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._handlers[sig] = signal.getsignal(sig)
+                signal.signal(sig, on_signal)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        for sig, h in self._handlers.items():
+            signal.signal(sig, h)
+        self._handlers.clear()
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._step_start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        now = time.perf_counter()
+        self.step_times.append(now - self._step_start)
+        code = 2 if self._signal.is_set() else 0
+        if self.budget_s is not None and now - self.t0 + max(self.step_times[-3:]) + self.reserve_s > self.budget_s:
+            code = max(code, 1)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            flag = torch.tensor([code], device=args.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            code = int(flag.item())
+        if code and state.global_step < state.max_steps:
+            self.reason = "interrupted" if code == 2 else "time_budget"
+            control.should_training_stop = control.should_evaluate = control.should_save = True
+        self._save_start = now
+
+    def on_save(self, args, state, control, **kwargs):  # eval + checkpoint time: keep that much in reserve
+        self.reserve_s = max(self.reserve_s, 1.5 * (time.perf_counter() - self._save_start))
 
 
-def _load_optimizer(opt: torch.optim.Optimizer, names: list[str], index: dict, path: Path) -> None:
-    from safetensors.torch import load_file
-
-    if index["param_names"] != names:
-        raise ValueError(f"{path.parent} was trained with different trainable parameters (freeze_embeddings "
-                         "changed?): resume with the same settings or pass overwrite=True / --overwrite.")
-    tensors = load_file(str(path))
-    state: dict[int, dict] = {}
-    for key, t in tensors.items():
-        name, _, slot = key.rpartition("::")
-        state.setdefault(names.index(name), {})[slot] = t
-    groups = []
-    for g in index["param_groups"]:
-        g = dict(g, params=list(range(len(names))))
-        if isinstance(g.get("betas"), list):
-            g["betas"] = tuple(g["betas"])
-        groups.append(g)
-    opt.load_state_dict({"state": state, "param_groups": groups})
+# ----------------------------------------------------------------------------------------------- helpers
 
 
 def _describe(obj: Any) -> str:
@@ -360,13 +536,22 @@ def _describe(obj: Any) -> str:
     return f"<{type(obj).__name__}{' ' + name if name else ''}>"
 
 
-def _cfg_record(cfg: DistillConfig) -> dict:
+def _cfg_record(cfg: DistillConfig, world_size: int) -> dict:
     rec = {k: v for k, v in asdict(cfg).items() if k not in ("target", "dataset", "tokenizer", "output_dir")}
-    rec.update(target=_describe(cfg.target), dataset=_describe(cfg.dataset), tokenizer=_describe(cfg.tokenizer))
+    rec.update(target=_describe(cfg.target), dataset=_describe(cfg.dataset), tokenizer=_describe(cfg.tokenizer),
+               world_size=world_size)
     return rec
 
 
-# ---------------------------------------------------------------------------------------------- distill
+def checkpoint_dir(output_dir: str | os.PathLike) -> Path:
+    """Where Trainer's resumable checkpoints of a run writing ``output_dir`` live (a sibling directory)."""
+    out = Path(output_dir)
+    return out.parent / f"{out.name}.checkpoints"
+
+
+def _complete_checkpoints(ckpts: Path) -> list[Path]:
+    found = [p for p in ckpts.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()] if ckpts.is_dir() else []
+    return sorted((p for p in found if (p / TRAINER_STATE_FILE).is_file()), key=lambda p: int(p.name.split("-")[-1]))
 
 
 def _load(cfg: DistillConfig):
@@ -407,34 +592,69 @@ def _validate(cfg: DistillConfig) -> None:
         raise ValueError(f"lr={cfg.lr}: pass a positive learning rate.")
 
 
-def distill(cfg: DistillConfig, progress: bool = True) -> dict:
-    """Train (or resume) a ``num_layers`` student of ``cfg.target`` into ``cfg.output_dir``; returns a summary.
+# ---------------------------------------------------------------------------------------------- distill
+
+
+def distill(cfg: DistillConfig, progress: bool = True) -> DistillResult:
+    """Train (or resume) a ``num_layers`` student of ``cfg.target`` into ``cfg.output_dir``.
 
     Stops at ``max_steps``, when ``time_budget_s`` would be exceeded (leaving time for the final eval and
-    save), or on SIGINT/SIGTERM, and always saves before returning.
+    save), or on SIGINT/SIGTERM, and always saves before returning. Under ``accelerate launch`` every
+    process calls this; they train data-parallel and the main process writes. Leaves the global RNGs as
+    they were (Trainer seeds them).
     """
+    import numpy as np
+
+    py_state, np_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        try:
+            return _distill(cfg, progress)
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+
+
+def _training_args(cfg: DistillConfig, ckpts: Path, progress: bool) -> TrainingArguments:
+    return TrainingArguments(
+        output_dir=str(ckpts), max_steps=cfg.max_steps or _NO_STEP_LIMIT, per_device_train_batch_size=cfg.batch_size,
+        per_device_eval_batch_size=cfg.batch_size, learning_rate=cfg.lr, warmup_steps=cfg.warmup_steps,
+        weight_decay=cfg.weight_decay, adam_beta1=0.9, adam_beta2=0.95, max_grad_norm=cfg.grad_clip or 0.0,
+        optim="adamw_torch", seed=cfg.seed, logging_steps=1, eval_strategy="steps", eval_steps=cfg.save_every,
+        save_strategy="steps", save_steps=cfg.save_every, save_total_limit=2,
+        report_to="none", disable_tqdm=not progress, remove_unused_columns=False, dataloader_pin_memory=False,
+        include_num_input_tokens_seen="all", ddp_find_unused_parameters=False,
+        use_cpu=not torch.cuda.is_available(), log_level="passive", log_level_replica="passive",
+    )
+
+
+def _distill(cfg: DistillConfig, progress: bool) -> DistillResult:
     t0 = time.perf_counter()
     _validate(cfg)
     out = Path(cfg.output_dir)
-    recover_directory(out, lambda d: (d / STATE_FILE).is_file())
-    state_path = out / STATE_FILE
-    if out.exists() and not cfg.overwrite and not state_path.is_file() and any(out.iterdir()):
-        raise FileExistsError(f"{out} exists and is not a distillation checkpoint (no {STATE_FILE}): choose a new "
+    ckpts = checkpoint_dir(out)
+    if out.exists() and not cfg.overwrite and not (out / REPORT_FILE).is_file() and any(out.iterdir()):
+        raise FileExistsError(f"{out} exists and is not a distilled student (no {REPORT_FILE}): choose a new "
                               "--output directory or pass --overwrite.")
-    resume = state_path.is_file() and not cfg.overwrite
-    saved = json.loads(state_path.read_text()) if resume else None
+    # the process group (if launched on N processes) comes from TrainingArguments; make it before the checks
+    args = _training_args(cfg, ckpts, progress)
+    world = args.world_size
+    if cfg.overwrite and args.should_save and ckpts.exists():
+        shutil.rmtree(ckpts)
+    complete = [] if cfg.overwrite else _complete_checkpoints(ckpts)
+    last = complete[-1] if complete else None
+    saved = json.loads((last / CONFIG_FILE).read_text()) if last is not None else None
 
     target, tokenizer, dataset = _load(cfg)
     # errors that name the fix come before any slow work
     _check_num_layers(cfg.num_layers, _num_layers(target.config))
     _check_dataset(dataset)
+    record = _cfg_record(cfg, world)
     if saved is not None:
-        rec = _cfg_record(cfg)
-        diff = {k: (saved["config"].get(k), rec[k]) for k in _RESUME_KEYS + ("target", "dataset")
-                if saved["config"].get(k) != rec[k] and not str(rec[k]).startswith("<")}
+        diff = {k: (saved.get(k), record[k]) for k in _RESUME_KEYS + ("target", "dataset")
+                if saved.get(k) != record[k] and not str(record[k]).startswith("<")}
         if diff:
-            raise ValueError(f"{out} holds a run with different settings {diff} (saved, now): resume with the same "
-                             "settings, or choose a new --output / pass --overwrite.")
+            raise ValueError(f"{ckpts} holds a run with different settings {diff} (saved, now): resume with the "
+                             "same settings, or choose a new --output / pass --overwrite.")
 
     tokenize = _Tokenizer(tokenizer)
     eval_ids, eval_mask, train_idx, held_out = _split(dataset, tokenize, cfg.eval_sequences, cfg.seq_len, cfg.seed)
@@ -443,144 +663,97 @@ def distill(cfg: DistillConfig, progress: bool = True) -> dict:
     train_target = target
     if target.dtype != _DTYPES[cfg.target_dtype]:
         train_target = (copy.deepcopy(target) if target is cfg.target else target).to(_DTYPES[cfg.target_dtype])
-    train_target.eval().requires_grad_(False)
 
-    if saved is not None:
-        student = type(target).from_pretrained(out, dtype=torch.float32)
-        if _num_layers(student.config) != cfg.num_layers:
-            raise ValueError(f"{out} holds a {_num_layers(student.config)}-layer student, not {cfg.num_layers}: "
-                             "pass the same --num-layers or a new --output.")
-    else:
-        student = build_student(target, cfg.num_layers)
+    student = build_student(target, cfg.num_layers)  # a resume loads the checkpoint's weights into it
     student.config.use_cache = False
-    student.train()
-    named = _trainable(student, cfg)
-    names = [n for n, _ in named]
-    opt = torch.optim.AdamW([p for _, p in named], lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    if saved is not None:
-        _load_optimizer(opt, names, saved["optimizer"], out / OPTIMIZER_FILE)
-
-    step = saved["step"] if saved else 0
-    history = saved["history"] if saved else {"loss": [], "agreement": []}
-    tokens_seen = saved["tokens_seen"] if saved else 0
-    assistant_positions = saved["assistant_positions_seen"] if saved else 0
-    seconds_before = saved["seconds_total"] if saved else 0.0
-    t_eval = time.perf_counter()
-    agreement = top1_agreement(student, eval_ids, eval_mask, reference, cfg.batch_size)
-    eval_seconds = time.perf_counter() - t_eval
-    initial = saved["initial_agreement"] if saved else agreement
-    if not saved:
-        history["agreement"].append([0, agreement])
-    stream = _Stream(dataset, train_idx, tokenize, cfg.seq_len, cfg.seed, cfg.max_conversation_tokens,
-                     saved["data"] if saved else None)
-    torch.manual_seed(cfg.seed)  # nothing here draws random numbers today; a fixed seed keeps it so
-
+    _freeze(student, cfg)
     n_student = sum(p.numel() for p in student.parameters())
+    windows = _Windows(dataset, train_idx, tokenize, cfg.seq_len, cfg.seed, cfg.max_conversation_tokens)
+
+    t_eval = time.perf_counter()
+    initial = top1_agreement(student, eval_ids, eval_mask, reference, cfg.batch_size) if saved is None else None
+    eval_s = time.perf_counter() - t_eval
+    budget = _Budget(t0, cfg.time_budget_s, reserve_s=5.0 + 2 * eval_s)
+    trainer = DistillTrainer(
+        model=student, args=args, train_dataset=windows, eval_dataset=windows, processing_class=tokenizer,
+        callbacks=[budget], teacher=train_target, eval_windows=(eval_ids, eval_mask, reference),
+        autocast=cfg.autocast, distill_record=record)
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    if progress:
+        trainer.add_callback(_Progress())
+    start_step = int(last.name.split("-")[-1]) if last is not None else 0
+    over_budget = cfg.time_budget_s is not None and time.perf_counter() - t0 + budget.reserve_s > cfg.time_budget_s
+    stopped = "max_steps"
+    if over_budget or cfg.max_steps == 0:
+        stopped = "time_budget" if over_budget else "max_steps"
+        if last is not None:
+            trainer._load_from_checkpoint(str(last))
+            trainer.state = trainer.state.load_from_json(str(last / TRAINER_STATE_FILE))
+        else:
+            trainer.log({"eval_agreement": initial})
+    else:
+        if saved is None:  # evaluated above already: log it at step 0 instead of evaluating on start again
+            trainer.add_callback(_LogInitial(initial))
+        trainer.train(resume_from_checkpoint=str(last) if last is not None else None)
+        stopped = budget.reason or "max_steps"
+    state = trainer.state
+    history = state.log_history
+    losses = [[h["step"], h["loss"]] for h in history if "loss" in h]
+    agreement = [[h["step"], h["eval_agreement"]] for h in history if "eval_agreement" in h]
+    if not agreement or agreement[-1][0] != state.global_step:
+        agreement.append([state.global_step, trainer.evaluate()["eval_agreement"]])
+    positions = sum(int(h.get("assistant_positions", 0)) for h in history)
+    steps_done = state.global_step - start_step
     meta = {"target": _describe(cfg.target), "num_layers": cfg.num_layers,
             "target_layers": _num_layers(target.config), "student_parameters": n_student,
             "eval_sequences": int(len(eval_ids)), "eval_positions": int(eval_mask[:, 1:].sum()),
             "held_out_conversations": held_out, "train_conversations": len(train_idx),
             "trained_on": "assistant next-token positions of chat-templated conversations (prompts are context)",
             "target_dtype_for_training": cfg.target_dtype, "agreement_reference": f"{reference_dtype} target, argmax",
-            "student_autocast_bf16": cfg.autocast}
-
-    def save(agr: float) -> float:
-        ts = time.perf_counter()
-        total_s = seconds_before + (ts - t0)
-        report = dict(meta, step=step, initial_agreement=initial, final_agreement=agr,
-                      loss_first=history["loss"][0][1] if history["loss"] else None,
-                      loss_last=history["loss"][-1][1] if history["loss"] else None,
-                      tokens_seen=tokens_seen, assistant_positions_seen=assistant_positions,
-                      seconds_total=round(total_s, 1), agreement_history=history["agreement"],
-                      config=_cfg_record(cfg))
+            "student_autocast_bf16": cfg.autocast, "trainer": "transformers.Trainer"}
+    result = DistillResult(
+        output_dir=str(out), checkpoint_dir=str(ckpts), step=state.global_step, steps_done=steps_done,
+        stopped=stopped, initial_agreement=agreement[0][1], final_agreement=agreement[-1][1],
+        loss_first=losses[0][1] if losses else None, loss_last=losses[-1][1] if losses else None,
+        tokens_seen=int(state.num_input_tokens_seen), assistant_positions_seen=positions,
+        seconds=round(time.perf_counter() - t0, 1),
+        seconds_per_step=round(sum(budget.step_times) / len(budget.step_times), 3) if budget.step_times else None,
+        world_size=world, global_batch=world * cfg.batch_size, meta=meta)
+    if args.should_save:
+        report = dict(result.to_dict(), agreement_history=agreement, loss_history=losses, config=record)
 
         def write(tmp: Path) -> None:
-            student.save_pretrained(tmp)
+            trainer.accelerator.unwrap_model(trainer.model).save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
-            opt_index = _save_optimizer(opt, names, tmp / OPTIMIZER_FILE)
-            state = {"format": _FORMAT, "step": step, "data": stream.state(), "seed": cfg.seed,
-                     "initial_agreement": initial, "history": history, "tokens_seen": tokens_seen,
-                     "assistant_positions_seen": assistant_positions, "seconds_total": total_s,
-                     "held_out_conversations": held_out, "config": _cfg_record(cfg), "optimizer": opt_index}
-            (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
             (tmp / REPORT_FILE).write_text(json.dumps(report, indent=2))
 
         atomic_directory(out, write)
-        return time.perf_counter() - ts
-
-    stop_flag = threading.Event()
-    handlers = {}
-    if threading.current_thread() is threading.main_thread():
-        def on_signal(signum, frame):  # first signal: finish the step and save; a second one kills as usual
-            stop_flag.set()
-            signal.signal(signum, handlers[signum])
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            handlers[sig] = signal.getsignal(sig)
-            signal.signal(sig, on_signal)
-
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=cfg.max_steps, initial=step, desc=f"distill {cfg.num_layers}L", unit="step")
-    steps_done, step_times, save_seconds = 0, [], 5.0 + eval_seconds
-    reason = "max_steps"
-    last_saved = step if saved else -1
-    try:
-        while cfg.max_steps is None or step < cfg.max_steps:
-            if stop_flag.is_set():
-                reason = "interrupted"
-                break
-            if cfg.time_budget_s is not None:
-                est = max(step_times[-3:]) if step_times else 0.0
-                if time.perf_counter() - t0 + est + save_seconds + eval_seconds > cfg.time_budget_s:
-                    reason = "time_budget"
-                    break
-            ts = time.perf_counter()
-            ids, mask = stream.batch(cfg.batch_size)
-            for g in opt.param_groups:
-                g["lr"] = _lr_at(step, cfg)
-            loss = _kl_loss(student, train_target, ids, mask, cfg.autocast)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip:
-                torch.nn.utils.clip_grad_norm_([p for _, p in named], cfg.grad_clip)
-            opt.step()
-            loss_value = loss.item()
-            step += 1
-            steps_done += 1
-            tokens_seen += ids.numel()
-            assistant_positions += int(mask[:, 1:].sum())
-            history["loss"].append([step, round(loss_value, 5)])
-            step_times.append(time.perf_counter() - ts)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss_value:.3f}", s_step=f"{step_times[-1]:.1f}")
-            if step % cfg.save_every == 0 and (cfg.max_steps is None or step < cfg.max_steps):
-                agreement = top1_agreement(student, eval_ids, eval_mask, reference, cfg.batch_size)
-                history["agreement"].append([step, agreement])
-                save_seconds = save(agreement)
-                last_saved = step
-                if bar is not None:
-                    bar.set_postfix(loss=f"{loss_value:.3f}", agree=f"{agreement:.1%}")
-        if steps_done or last_saved != step:
-            agreement = top1_agreement(student, eval_ids, eval_mask, reference, cfg.batch_size)
-            if not history["agreement"] or history["agreement"][-1][0] != step:
-                history["agreement"].append([step, agreement])
-        save(agreement)
-    finally:
-        if bar is not None:
-            bar.close()
-        for sig, h in handlers.items():
-            signal.signal(sig, h)
-
-    seconds = time.perf_counter() - t0
-    return dict(meta, output_dir=str(out), step=step, steps_done=steps_done, stopped=reason,
-                initial_agreement=initial, final_agreement=agreement,
-                loss_first=history["loss"][0][1] if history["loss"] else None,
-                loss_last=history["loss"][-1][1] if history["loss"] else None,
-                tokens_seen=tokens_seen, assistant_positions_seen=assistant_positions, seconds=round(seconds, 1),
-                seconds_per_step=round(sum(step_times) / len(step_times), 3) if step_times else None)
+    trainer.accelerator.wait_for_everyone()
+    return result
 
 
-__all__ = ["DistillConfig", "build_student", "distill", "top1_agreement"]
+class _Progress(ProgressCallback):
+    """Trainer's progress bar, with the loss and agreement on the bar instead of printed to stdout (where the
+    CLI writes its JSON summary)."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and self.training_bar is not None and logs:
+            shown = {k: f"{logs[k]:.4g}" for k in ("loss", "eval_agreement") if isinstance(logs.get(k), float)}
+            if shown:
+                self.training_bar.set_postfix(shown)
+
+
+class _LogInitial(TrainerCallback):
+    """Puts the agreement measured before training into a fresh run's history (Trainer resets its state)."""
+
+    def __init__(self, agreement: float):
+        self.agreement = agreement
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.global_step == 0 and not any("eval_agreement" in h for h in state.log_history):
+            state.log_history.append({"eval_agreement": self.agreement, "step": 0})
+
+
+__all__ = ["DistillConfig", "DistillResult", "DistillTrainer", "build_student", "checkpoint_dir", "distill",
+           "top1_agreement"]
