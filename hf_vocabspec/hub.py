@@ -286,6 +286,9 @@ def build_model_card(drafter: TrimmedDrafter, repo_id: str = "<repo-id>", *, lic
         target_model_hub_id=target_id if target_id != cfg.target_model else None,
         target_tokenizer_sha256=fingerprint,
         selection_coverage=float(selection["coverage"]) if selection.get("coverage") is not None else None,
+        # the draft length and context-token setting the drafter ships with (`hf-vocabspec tune` picks them)
+        num_assistant_tokens=int(getattr(drafter.generation_config, "num_assistant_tokens", 0) or 0) or None,
+        context_tokens=bool(getattr(cfg, "context_tokens", False)),
     )
     return ModelCard.from_template(
         data,

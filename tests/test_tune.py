@@ -176,3 +176,14 @@ def test_measured_model_tunes_and_the_choice_ships_with_the_drafter(tmp_path):
     stats = loaded.last_speculation_stats
     assert max(stats.per_round_proposed) == 3 and stats.draft_steps > stats.rounds
 
+
+
+def test_card_reports_the_tuned_setting(tmp_path):
+    from hf_vocabspec.hub import build_model_card
+
+    _, base = make_pair("gemma3", seed=2)
+    drafter = save_tuned_drafter(base, tiny_counts(), TuneResult(16, 7, True, 1.0, 2.5, []), tmp_path / "d")
+    card = build_model_card(drafter)
+    header = card.data.to_dict()
+    assert header["num_assistant_tokens"] == 7 and header["context_tokens"] is True
+    assert "num_assistant_tokens" in card.text and "predicted_speedup" in card.text  # the selection table
