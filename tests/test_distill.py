@@ -75,9 +75,9 @@ def target():
 
 
 def config(target, out, **kw) -> DistillConfig:
-    base = dict(target=target, tokenizer=tiny_tokenizer(), dataset=chats(), num_layers=1, output_dir=out,
-                seq_len=32, batch_size=4, lr=3e-3, warmup_steps=2, max_steps=30, save_every=10,
-                eval_sequences=16, target_dtype="float32", autocast=False)
+    base = {"target": target, "tokenizer": tiny_tokenizer(), "dataset": chats(), "num_layers": 1,
+            "output_dir": out, "seq_len": 32, "batch_size": 4, "lr": 3e-3, "warmup_steps": 2, "max_steps": 30,
+            "save_every": 10, "eval_sequences": 16, "target_dtype": "float32", "autocast": False}
     base.update(kw)
     return DistillConfig(**base)
 
@@ -114,7 +114,7 @@ def test_learns_and_saves_a_trimmable_checkpoint(target, tmp_path):
 def test_resume_matches_an_uninterrupted_run(target, tmp_path):
     """Trainer's resume (weights, AdamW moments from safetensors, schedule and RNG from JSON, the data
     stream replayed past the trained batches) continues exactly where an uninterrupted run would be."""
-    kw = dict(max_steps=6, save_every=3, autocast=True, target_dtype="bfloat16")
+    kw = {"max_steps": 6, "save_every": 3, "autocast": True, "target_dtype": "bfloat16"}
     straight = distill(config(target, tmp_path / "a", **kw), progress=False)
     first = distill(config(target, tmp_path / "b", **dict(kw, max_steps=3)), progress=False)
     assert first.step == 3
@@ -142,7 +142,7 @@ def test_resume_power_check(target, tmp_path, monkeypatch):
     trains on the first windows again) ends at other weights."""
     import hf_vocabspec.evaluation.distill as mod
 
-    kw = dict(max_steps=4, save_every=2, target_dtype="float32", autocast=False)
+    kw = {"max_steps": 4, "save_every": 2, "target_dtype": "float32", "autocast": False}
     distill(config(target, tmp_path / "a", **kw), progress=False)
     distill(config(target, tmp_path / "b", **dict(kw, max_steps=2)), progress=False)
     args = mod._training_args(config(target, tmp_path / "b", **kw), checkpoint_dir(tmp_path / "b"), False)
@@ -158,6 +158,58 @@ def test_time_budget_stops_and_saves(target, tmp_path):
     res = distill(config(target, tmp_path / "t", max_steps=None, time_budget_s=0.01), progress=False)
     assert res.stopped == "time_budget" and res.step == 0
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "t").config.num_hidden_layers == 1
+    # with a checkpoint to resume from and no time to train: the student is the checkpoint's
+    two = distill(config(target, tmp_path / "u", max_steps=2, save_every=2), progress=False)
+    again = distill(config(target, tmp_path / "u", max_steps=None, time_budget_s=0.01), progress=False)
+    assert again.stopped == "time_budget" and again.step == 2 and again.steps_done == 0
+    assert again.final_agreement == pytest.approx(two.final_agreement)
+    trained = AutoModelForCausalLM.from_pretrained(checkpoint_dir(tmp_path / "u") / "checkpoint-2").state_dict()
+    for k, v in AutoModelForCausalLM.from_pretrained(tmp_path / "u").state_dict().items():
+        torch.testing.assert_close(v, trained[k], msg=k)
+
+
+@pytest.mark.parametrize("how", ["sigterm", "budget"])
+def test_stops_mid_run_evaluates_and_saves(target, tmp_path, monkeypatch, how):
+    """A SIGTERM (or the wall-clock budget running out) during step 3 ends training after that step with
+    an evaluation and a resumable checkpoint; the process's signal handler is restored afterwards."""
+    import os
+    import signal
+
+    import hf_vocabspec.evaluation.distill as mod
+
+    begin = mod._Budget.on_step_begin
+
+    def on_step_begin(self, args, state, control, **kw):
+        if state.global_step == 2:
+            if how == "sigterm":
+                os.kill(os.getpid(), signal.SIGTERM)
+            else:
+                self.budget_s = 0.0
+        return begin(self, args, state, control, **kw)
+
+    monkeypatch.setattr(mod._Budget, "on_step_begin", on_step_begin)
+    handler = signal.getsignal(signal.SIGTERM)
+    out = tmp_path / "s"
+    res = distill(config(target, out, max_steps=50, time_budget_s=3600.0), progress=False)
+    assert signal.getsignal(signal.SIGTERM) is handler
+    assert res.stopped == ("interrupted" if how == "sigterm" else "time_budget") and res.step == 3
+    report = json.loads((out / REPORT_FILE).read_text())
+    assert report["agreement_history"][-1][0] == 3 and report["step"] == 3
+    assert (checkpoint_dir(out) / "checkpoint-3" / "trainer_state.json").is_file()
+
+
+def test_leaves_global_state_alone(target, tmp_path):
+    import random
+
+    import numpy as np
+
+    torch.manual_seed(123)
+    random.seed(5)
+    np.random.seed(7)
+    states = torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy()
+    distill(config(target, tmp_path / "g", max_steps=2, save_every=2), progress=False)
+    assert torch.equal(torch.get_rng_state(), states[0]) and random.getstate() == states[1]
+    assert (np.random.get_state()[1] == states[2]).all()
 
 
 def test_student_starts_as_the_target_prefix(target):
@@ -239,7 +291,7 @@ def test_two_processes_under_accelerate_launch(target, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
 
     def run(steps):
-        proc = subprocess.run(launch + ["--max-steps", str(steps)], capture_output=True, text=True, env=env,
+        proc = subprocess.run(launch + ["--max-steps", str(steps)], check=False, capture_output=True, text=True, env=env,
                               timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert proc.stdout.count('"world_size"') == 1, proc.stdout  # one rank prints the summary

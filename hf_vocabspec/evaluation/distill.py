@@ -44,7 +44,7 @@ from jinja2 import TemplateError
 from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-from .._io import atomic_directory, atomic_write
+from .._io import atomic_directory, atomic_write, recover_directory
 from ..coverage import _ASSISTANT_ROLES, assistant_turn_format, normalized_messages
 
 if TYPE_CHECKING:
@@ -295,8 +295,9 @@ def _split(dataset, tokenize: _Tokenizer, n_eval: int, seq_len: int, seed: int):
 
 @torch.no_grad()
 def _top1(model, ids: torch.Tensor, batch_size: int) -> torch.Tensor:
+    ids = ids.to(next(model.parameters()).device)
     out = [model(input_ids=ids[i: i + batch_size]).logits[:, :-1].argmax(-1) for i in range(0, len(ids), batch_size)]
-    return torch.cat(out)
+    return torch.cat(out).cpu()
 
 
 @torch.no_grad()
@@ -305,9 +306,8 @@ def top1_agreement(student, ids: torch.Tensor, mask: torch.Tensor, reference: to
     was_training = student.training
     student.eval()
     try:
-        device = next(student.parameters()).device
-        sel = mask[:, 1:].to(device)
-        hit = (_top1(student, ids.to(device), batch_size) == reference.to(device)) & sel
+        sel = mask[:, 1:].cpu()
+        hit = (_top1(student, ids, batch_size) == reference.cpu()) & sel
         return float(hit.sum()) / max(1, int(sel.sum()))
     finally:
         student.train(was_training)
@@ -337,7 +337,7 @@ class DistillTrainer(Trainer):
     def __init__(self, *args, teacher, eval_windows: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                  autocast: bool, distill_record: dict, **kwargs):
         super().__init__(*args, **kwargs)
-        self.teacher = teacher.to(self.args.device).eval().requires_grad_(False)
+        self.teacher = teacher.eval().requires_grad_(False)  # on args.device already
         self.eval_windows = eval_windows
         self.autocast = autocast
         self.distill_record = distill_record
@@ -469,7 +469,7 @@ class DistillTrainer(Trainer):
         with safe_open(self._rng_file(checkpoint), framework="pt") as f:
             meta = f.metadata()
             torch.random.set_rng_state(f.get_tensor("cpu"))
-            if torch.cuda.is_available() and "cuda" in f.keys():
+            if torch.cuda.is_available() and "cuda" in f:
                 torch.cuda.set_rng_state(f.get_tensor("cuda"))
         version, state, gauss = json.loads(meta["python"])
         random.setstate((version, tuple(state), gauss))
@@ -606,7 +606,7 @@ def distill(cfg: DistillConfig, progress: bool = True) -> DistillResult:
     import numpy as np
 
     py_state, np_state = random.getstate(), np.random.get_state()
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if torch.cuda.is_available() else []):
         try:
             return _distill(cfg, progress)
         finally:
@@ -638,9 +638,16 @@ def _distill(cfg: DistillConfig, progress: bool) -> DistillResult:
     # the process group (if launched on N processes) comes from TrainingArguments; make it before the checks
     args = _training_args(cfg, ckpts, progress)
     world = args.world_size
-    if cfg.overwrite and args.should_save and ckpts.exists():
-        shutil.rmtree(ckpts)
-    complete = [] if cfg.overwrite else _complete_checkpoints(ckpts)
+    with args.main_process_first(local=False, desc="checkpoint cleanup"):  # the main process cleans, then all look
+        if args.should_save:
+            if cfg.overwrite and ckpts.exists():
+                shutil.rmtree(ckpts)
+            # finish a swap of the student that a kill cut short; drop checkpoints a kill left half-written
+            recover_directory(out, lambda d: (d / REPORT_FILE).is_file())
+            whole = set(_complete_checkpoints(ckpts))
+            for partial in (p for p in ckpts.glob("checkpoint-*") if p not in whole) if ckpts.is_dir() else ():
+                shutil.rmtree(partial, ignore_errors=True)
+        complete = [] if cfg.overwrite else _complete_checkpoints(ckpts)
     last = complete[-1] if complete else None
     saved = json.loads((last / CONFIG_FILE).read_text()) if last is not None else None
 
@@ -660,12 +667,12 @@ def _distill(cfg: DistillConfig, progress: bool) -> DistillResult:
     eval_ids, eval_mask, train_idx, held_out = _split(dataset, tokenize, cfg.eval_sequences, cfg.seq_len, cfg.seed)
     reference = _top1(target, eval_ids, cfg.batch_size)  # the fp32 (as given) target's choices
     reference_dtype = str(target.dtype).removeprefix("torch.")
-    train_target = target
-    if target.dtype != _DTYPES[cfg.target_dtype]:
-        train_target = (copy.deepcopy(target) if target is cfg.target else target).to(_DTYPES[cfg.target_dtype])
-
-    student = build_student(target, cfg.num_layers)  # a resume loads the checkpoint's weights into it
+    student = build_student(target, cfg.num_layers)  # fp32 weights; a resume loads the checkpoint's into it
     student.config.use_cache = False
+    train_target = target  # the caller's own model object is copied, never cast or moved
+    if target.dtype != _DTYPES[cfg.target_dtype] or target.device != args.device:
+        train_target = (copy.deepcopy(target) if target is cfg.target else target)
+        train_target = train_target.to(device=args.device, dtype=_DTYPES[cfg.target_dtype])
     _freeze(student, cfg)
     n_student = sum(p.numel() for p in student.parameters())
     windows = _Windows(dataset, train_idx, tokenize, cfg.seq_len, cfg.seed, cfg.max_conversation_tokens)
@@ -675,7 +682,8 @@ def _distill(cfg: DistillConfig, progress: bool) -> DistillResult:
     eval_s = time.perf_counter() - t_eval
     budget = _Budget(t0, cfg.time_budget_s, reserve_s=5.0 + 2 * eval_s)
     trainer = DistillTrainer(
-        model=student, args=args, train_dataset=windows, eval_dataset=windows, processing_class=tokenizer,
+        model=student, args=args, train_dataset=windows,
+        eval_dataset=[{"input_ids": i, "loss_mask": m} for i, m in zip(eval_ids, eval_mask)], processing_class=tokenizer,
         callbacks=[budget], teacher=train_target, eval_windows=(eval_ids, eval_mask, reference),
         autocast=cfg.autocast, distill_record=record)
     trainer.remove_callback(PrinterCallback)
@@ -707,7 +715,7 @@ def _distill(cfg: DistillConfig, progress: bool) -> DistillResult:
     steps_done = state.global_step - start_step
     meta = {"target": _describe(cfg.target), "num_layers": cfg.num_layers,
             "target_layers": _num_layers(target.config), "student_parameters": n_student,
-            "eval_sequences": int(len(eval_ids)), "eval_positions": int(eval_mask[:, 1:].sum()),
+            "eval_sequences": len(eval_ids), "eval_positions": int(eval_mask[:, 1:].sum()),
             "held_out_conversations": held_out, "train_conversations": len(train_idx),
             "trained_on": "assistant next-token positions of chat-templated conversations (prompts are context)",
             "target_dtype_for_training": cfg.target_dtype, "agreement_reference": f"{reference_dtype} target, argmax",
