@@ -342,3 +342,18 @@ def test_worker_fallback_rule_compares_the_measured_wait_with_inline_drafting():
     assert worker_fallback_reason(stats, 5) is None
     stats.wait_s = 8 * 0.015  # the worker is the bottleneck
     assert "falling back" in worker_fallback_reason(stats, 5)
+
+
+def test_bench_builds_the_ssd_row_and_its_one_thread_baseline():
+    from hf_vocabspec.evaluation.benchmark import BenchConfig, _ssd_methods
+
+    _, base = make_pair("gemma3")
+    drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)))
+    drafter.use_context_tokens = True
+    sessions = []
+    one, ssd = _ssd_methods(BenchConfig(ssd=True, ssd_mode="sync", num_assistant_tokens=4), "trimmed k=32", drafter,
+                            sessions)
+    assert one.threads == 1 and one.kind == "trimmed" and ssd.kind == "ssd" and ssd.assistant is sessions[0]
+    assert ssd.attrs == {"use_context_tokens": False} and sessions[0].ssd_config.num_assistant_tokens == 4
+    assert drafter.use_context_tokens  # restored after the session was opened
+    sessions[0].close()
