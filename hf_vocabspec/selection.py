@@ -429,7 +429,9 @@ class TuneResult:
 
         With ``model`` the full grid is drawn; without, only the trials (unvisited cells blank).
         """
-        from matplotlib.figure import Figure  # no pyplot: leaves the user's backend alone
+        from matplotlib.figure import (
+            Figure,  # no pyplot: leaves the user's backend alone
+        )
 
         ks = sorted({t[0] for t in self.trials} | (set(model.acceptance.ks) if model else set()))
         ls = sorted({t[1] for t in self.trials} | (set(model.draft_lengths) if model else set()))
@@ -439,7 +441,7 @@ class TuneResult:
             values.update({cell: model.tokens_per_second(*cell) for cell in model.grid()})
         vmax = max(values.values())
         vmin = min(values.values())
-        fig = Figure(figsize=(4.8 * len(ctxs), 3.8))
+        fig = Figure(figsize=(4.8 * len(ctxs), 4.2), layout="constrained")
         axes = fig.subplots(1, len(ctxs), squeeze=False)[0]
         for ax, c in zip(axes, ctxs):
             grid = torch.full((len(ls), len(ks)), float("nan"))
@@ -450,7 +452,7 @@ class TuneResult:
             for i in range(len(ls)):
                 for j in range(len(ks)):
                     if not math.isnan(float(grid[i, j])):
-                        ax.text(j, i, f"{float(grid[i, j]):.1f}", ha="center", va="center", fontsize=6, color="w")
+                        ax.text(j, i, f"{float(grid[i, j]):.3g}", ha="center", va="center", fontsize=6, color="w")
             if c == self.context_tokens:
                 ax.scatter([ks.index(self.k)], [ls.index(self.num_draft_tokens)], marker="*", s=220,
                            color="red", label=f"chosen k={self.k:,}, L={self.num_draft_tokens}")

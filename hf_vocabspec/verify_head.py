@@ -241,7 +241,7 @@ def install() -> None:
     original = getattr(GenerationMixin, "_assisted_decoding", None)
     try:
         signature = inspect.signature(original)
-        signature.parameters["assistant_model"]  # noqa: B018 - the contract this wrapper relies on
+        signature.parameters["assistant_model"]
     except (TypeError, ValueError, KeyError):
         warnings.warn("hf_vocabspec: this transformers version's _assisted_decoding has no `assistant_model` "
                       "argument; the verify-time LM head is not used.", stacklevel=2)

@@ -14,7 +14,11 @@ from hf_vocabspec.cost import LatencyCurve, expected_accepted_length
 from hf_vocabspec.coverage import TokenCounts
 from hf_vocabspec.evaluation.acceptance import ideal_acceptance
 from hf_vocabspec.evaluation.data import Conversation
-from hf_vocabspec.evaluation.tune import acceptance_profile, measure_throughput_model, save_tuned_drafter
+from hf_vocabspec.evaluation.tune import (
+    acceptance_profile,
+    measure_throughput_model,
+    save_tuned_drafter,
+)
 from hf_vocabspec.selection import AcceptanceProfile, ThroughputModel, TuneResult, tune
 
 
@@ -187,3 +191,24 @@ def test_card_reports_the_tuned_setting(tmp_path):
     header = card.data.to_dict()
     assert header["num_assistant_tokens"] == 7 and header["context_tokens"] is True
     assert "num_assistant_tokens" in card.text and "predicted_speedup" in card.text  # the selection table
+
+
+def test_validation_measures_the_tuned_setting_next_to_its_neighbours():
+    from hf_vocabspec.evaluation.tune import (
+        format_validation,
+        neighbour_ks,
+        validate_tuned,
+    )
+
+    assert neighbour_ks([8, 16, 32], 16, VOCAB) == [8, 16, 32]
+    assert neighbour_ks([8, 16, 32], 32, VOCAB) == [16, 32, VOCAB]  # at the top end: 2k, capped at V
+    assert neighbour_ks([8, 16, 32], 8, VOCAB) == [4, 8, 16]
+    target, base = make_pair("gemma3", seed=2, head_scale=8.0)
+    choice = TuneResult(32, 3, True, 1.0, 1.5, [])
+    prompts = [torch.tensor([[1, 6, 9, 14, 6, 9]]), torch.tensor([[1, 7, 7, 20]])]
+    v = validate_tuned(target, base, tiny_counts(), choice, prompts, ks=[16, 32], draft_lengths=[2, 3],
+                       max_new_tokens=8, generate_kwargs={"do_sample": False})
+    assert v["of"] == 4 and 1 <= v["rank"] <= 4 and v["tuned"] == "k=32 L=3"
+    assert {r["method"] for r in v["rows"]} == {"k=16 L=2", "k=16 L=3", "k=32 L=2", "k=32 L=3"}
+    assert 0 < v["tuned_vs_best"] <= 1.0
+    assert "(tuned)" in format_validation(v)

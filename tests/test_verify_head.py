@@ -36,7 +36,7 @@ def forced(monkeypatch):
 @pytest.fixture(scope="module")
 def pair():
     target, base = make_pair("llama", seed=7, head_scale=8.0)
-    drafter = hf_vocabspec.trim_drafter(base, range(0, VOCAB - 10))
+    drafter = hf_vocabspec.trim_drafter(base, range(VOCAB - 10))
     drafter.generation_config.num_assistant_tokens = 5
     return target, drafter
 
@@ -115,8 +115,7 @@ def test_model_logits_match_with_softcap_and_tied_weights(kind, forced):
     target, _ = make_pair(kind, seed=1, head_scale=8.0)
     head = target.get_output_embeddings()
     if kind == "gemma3":
-        assert head.weight is target.get_input_embeddings().weight  # tied
-    cap = target.config.final_logit_softcapping  # None for this checkpoint; the tiny Gemma 3 tests cover a cap
+        assert head.weight is target.get_input_embeddings().weight and target.config.final_logit_softcapping
     ids = torch.randint(3, VOCAB, (1, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ref = target(ids, logits_to_keep=6).logits
@@ -134,12 +133,11 @@ def test_model_logits_match_with_softcap_and_tied_weights(kind, forced):
 def test_context_restores_after_error_and_is_reentrant(forced):
     target, _ = make_pair("llama", seed=1)
     head = target.get_output_embeddings()
-    with pytest.raises(RuntimeError, match="boom"):
-        with vh.verify_head(target):
-            with vh.verify_head(target) as inner:
-                assert inner is False  # already replaced: the inner block leaves it alone
-            assert "forward" in head.__dict__
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"), vh.verify_head(target):
+        with vh.verify_head(target) as inner:
+            assert inner is False  # already replaced: the inner block leaves it alone
+        assert "forward" in head.__dict__
+        raise RuntimeError("boom")
     assert "forward" not in head.__dict__
     with vh.verify_head(target, enabled=False) as replaced:
         assert replaced is False and "forward" not in head.__dict__
@@ -292,7 +290,11 @@ def test_real_gemma_logits_and_argmax_match_its_own_head():
     prompts, gives the model's own logits within float tolerance and the same argmax; then greedy assisted
     generation with the verify head equals target-only greedy."""
     from hf_vocabspec.evaluation.data import eval_prompts
-    from hf_vocabspec.evaluation.offline import load_chat_dataset, load_model, load_tokenizer
+    from hf_vocabspec.evaluation.offline import (
+        load_chat_dataset,
+        load_model,
+        load_tokenizer,
+    )
 
     name = "offline:gemma-3-270m"
     tokenizer = load_tokenizer(name)
@@ -305,8 +307,8 @@ def test_real_gemma_logits_and_argmax_match_its_own_head():
         with torch.no_grad():
             ref = target(ids, logits_to_keep=6).logits
             for kernel in vh.KERNELS.values():
-                hidden = {}
-                handle = head.register_forward_hook(lambda m, args, out: hidden.setdefault("x", args[0]))
+                hidden: dict = {}
+                handle = head.register_forward_hook(lambda m, args, out, hidden=hidden: hidden.setdefault("x", args[0]))
                 try:
                     target(ids, logits_to_keep=6)
                 finally:
@@ -319,7 +321,7 @@ def test_real_gemma_logits_and_argmax_match_its_own_head():
                 mine = target(ids, logits_to_keep=6).logits
             torch.testing.assert_close(mine, ref, rtol=1e-4, atol=1e-4)
             assert torch.equal(mine.argmax(-1), ref.argmax(-1))
-    drafter = hf_vocabspec.trim_drafter(load_model(name, dtype=torch.bfloat16), range(0, 60000), tokenizer=tokenizer)
+    drafter = hf_vocabspec.trim_drafter(load_model(name, dtype=torch.bfloat16), range(60000), tokenizer=tokenizer)
     ids = prompts[0]
     mask = torch.ones_like(ids)
     ref = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24)

@@ -20,9 +20,14 @@ def cmd_tune(args) -> int:
         count_examples=args.count_examples, conversations=args.conversations, coverages=args.coverages,
         ks=args.ks, draft_lengths=args.draft_lengths, mode=args.mode, drafter_dtype=DTYPES[args.drafter_dtype],
         n_trials=args.n_trials, storage=args.storage, seed=args.seed, repeats=args.repeats,
-        save_drafter=not args.no_save, progress=lambda xs: tqdm(xs, desc="scoring", leave=False),
+        save_drafter=not args.no_save, validate_prompts=args.validate, validate_draft_lengths=args.validate_draft_lengths,
+        max_new_tokens=args.max_new_tokens, progress=lambda xs: tqdm(xs, leave=False),
     )
     print(format_tune(report))
+    if "validation" in report:
+        from ..evaluation.tune import format_validation
+
+        print(format_validation(report["validation"]))
     print(f"report: {args.output}/tune.json, heat map: {args.output}/heatmap.png"
           + ("" if args.no_save else f", tuned drafter: {args.output}/drafter"))
     return 0
@@ -47,5 +52,10 @@ def register(sub) -> None:
     t.add_argument("--repeats", type=int, default=7, help="timed forwards per latency point")
     t.add_argument("--threads", type=int, default=None)
     t.add_argument("--no-save", action="store_true", help="do not write the tuned drafter")
+    t.add_argument("--validate", type=int, default=0, metavar="PROMPTS",
+                   help="also measure the tuned setting next to its neighbours (3 k x --validate-draft-lengths, "
+                        "interleaved, same context setting) on this many held-out prompts, and print its rank")
+    t.add_argument("--validate-draft-lengths", type=int, nargs="+", default=[3, 5, 8, 12])
+    t.add_argument("--max-new-tokens", type=int, default=64, help="per prompt, with --validate")
     t.add_argument("--output", default="tune")
     t.set_defaults(func=cmd_tune)

@@ -13,6 +13,7 @@ config.context_tokens), so ``target.generate(assistant_model=drafter)`` uses the
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import time
@@ -196,10 +197,14 @@ def run_tune(
     seed: int = 42,
     repeats: int = 7,
     save_drafter: bool = True,
+    validate_prompts: int = 0,
+    validate_draft_lengths: Sequence[int] = (3, 5, 8, 12),
+    max_new_tokens: int = 64,
     progress: Callable | None = None,
 ) -> dict:
     """Count, measure, search, save: writes tune.json, heatmap.png and (by default) the tuned drafter to
-    ``out_dir/drafter``; returns the report."""
+    ``out_dir/drafter``; returns the report. With ``validate_prompts`` > 0 the tuned setting is also measured
+    next to its neighbours (3 kept sizes x ``validate_draft_lengths``) on that many held-out prompts."""
     from ..coverage import count_assistant_tokens
     from ..drafter import special_token_ids
     from .data import count_split, held_out_conversations
@@ -231,6 +236,15 @@ def run_tune(
                         "tau": model.acceptance.expected_accepted_length(k, n, c),
                         "tokens_per_s": model.tokens_per_second(k, n, c), "speedup": model.speedup(k, n, c)}
                        for k, n, c in model.grid()]}
+    if validate_prompts:
+        from .data import eval_prompts
+
+        prompts = eval_prompts(held_out, tokenizer, start=len(held_out) // 2, n=validate_prompts, max_prompt_tokens=256)
+        report["validation"] = validate_tuned(
+            target, drafter, counts, result, prompts, ks=neighbour_ks(model.acceptance.ks, result.k, vocab),
+            draft_lengths=validate_draft_lengths, tokenizer=tokenizer, max_new_tokens=max_new_tokens,
+            generate_kwargs={"do_sample": False} if mode == "greedy" else {"do_sample": True, "temperature": _temperature(mode), "top_k": 0},
+            progress=progress)
     (out / "tune.json").write_text(json.dumps(report, indent=2))
     result.plot_heatmap(out / "heatmap.png", model)
     if save_drafter:
@@ -241,9 +255,9 @@ def run_tune(
 
 def format_tune(report: dict) -> str:
     r = report["result"]
-    lines = [f"tuned for {report['target']} with {report['drafter']} ({report['mode']}, {report['dataset']}): "
-             f"k={r['k']:,}, L={r['num_draft_tokens']}, context tokens {'on' if r['context_tokens'] else 'off'}; "
-             f"predicted {r['predicted_tokens_per_s']:.2f} tokens/s = {r['predicted_speedup']:.2f}x target-only",
+    lines = [(f"tuned for {report['target']} with {report['drafter']} ({report['mode']}, {report['dataset']}): "
+              f"k={r['k']:,}, L={r['num_draft_tokens']}, context tokens {'on' if r['context_tokens'] else 'off'}; "
+              f"predicted {r['predicted_tokens_per_s']:.2f} tokens/s = {r['predicted_speedup']:.2f}x target-only"),
              f"machine load {report['measured']['load'][0]:.1f} -> {report['measured']['load'][1]:.1f}"
              + (" (BUSY: noisy)" if report["measured"]["busy"] else ""),
              "verify/decode ratio (verify head on): " + ", ".join(
@@ -252,4 +266,72 @@ def format_tune(report: dict) -> str:
     lines.append("top predicted settings: " + "; ".join(
         f"k={g['k']:,} L={g['num_draft_tokens']} ctx={'on' if g['context_tokens'] else 'off'} "
         f"{g['speedup']:.2f}x (tau {g['tau']:.2f})" for g in best))
+    return "\n".join(lines)
+
+
+def neighbour_ks(ks: Sequence[int], k: int, vocab: int) -> list[int]:
+    """The tuned k and its two neighbours on the scored list (k/2 or 2k where it is at an end)."""
+    ks = sorted(set(ks))
+    i = ks.index(k)
+    lo = ks[i - 1] if i > 0 else max(1, k // 2)
+    hi = ks[i + 1] if i + 1 < len(ks) else min(vocab, 2 * k)
+    return sorted({lo, k, hi})
+
+
+def validate_tuned(
+    target,
+    base_drafter,
+    counts: TokenCounts,
+    result: TuneResult,
+    prompts: Sequence[torch.LongTensor],
+    *,
+    ks: Sequence[int],
+    draft_lengths: Sequence[int] = (3, 5, 8, 12),
+    tokenizer=None,
+    max_new_tokens: int = 64,
+    repeats: int = 1,
+    generate_kwargs: dict | None = None,
+    progress: Callable | None = None,
+) -> dict:
+    """Measure the tuned (k, L, context) next to a grid of neighbours (``ks`` x ``draft_lengths``, same
+    context setting) and target only, interleaved in one run; returns the rows and the tuned setting's rank."""
+    from ..drafter import set_draft_length, trim_drafter
+    from .benchmark import Method, compare_methods
+
+    lengths = sorted({*map(int, draft_lengths), result.num_draft_tokens})
+    methods = [Method("target only")]
+    for k in sorted({*map(int, ks), result.k}):
+        # a body of its own per drafter: trim_drafter reuses the base's body, and the benchmark's forward
+        # timer hooks each drafter's body once
+        drafter = trim_drafter(copy.deepcopy(base_drafter), counts.top_k(k), tokenizer=tokenizer)
+        drafter.use_context_tokens = result.context_tokens and drafter.supports_context_tokens
+        for n in lengths:
+            def prepare(d=drafter, n=n):  # untimed, before each call: this method's draft length
+                set_draft_length(d.generation_config, n)
+            methods.append(Method(f"k={k} L={n}", drafter, prepare=prepare))
+    results = compare_methods(target, methods, prompts, max_new_tokens=max_new_tokens, repeats=repeats,
+                              generate_kwargs=generate_kwargs, progress=progress)
+    base = results["target only"].tokens_per_s
+    rows = [{"method": name, "tokens_per_s": r.tokens_per_s, "speedup": r.tokens_per_s / base if base else None,
+             "mean_accepted_length": r.mean_accepted_length} for name, r in results.items() if name != "target only"]
+    rows.sort(key=lambda row: -row["tokens_per_s"])
+    tuned = f"k={result.k} L={result.num_draft_tokens}"
+    rank = next(i for i, row in enumerate(rows, 1) if row["method"] == tuned)
+    best = rows[0]["tokens_per_s"]
+    tuned_tps = rows[rank - 1]["tokens_per_s"]
+    return {"tuned": tuned, "rank": rank, "of": len(rows), "context_tokens": result.context_tokens,
+            "tuned_vs_best": tuned_tps / best if best else None, "target_only_tokens_per_s": base,
+            "predicted_speedup": result.speedup, "rows": rows}
+
+
+def format_validation(v: dict) -> str:
+    lines = [(f"tuned {v['tuned']} (context tokens {'on' if v['context_tokens'] else 'off'}) ranks {v['rank']} of "
+              f"{v['of']} measured settings: {v['tuned_vs_best']:.1%} of the best; predicted "
+              f"{v['predicted_speedup']:.2f}x, measured {v['rows'][v['rank'] - 1]['speedup']:.2f}x over target only"),
+             "| setting | tokens/s | x target only | tau |", "|---|---|---|---|"]
+    for row in v["rows"]:
+        mark = " (tuned)" if row["method"] == v["tuned"] else ""
+        tau = row["mean_accepted_length"]
+        lines.append(f"| {row['method']}{mark} | {row['tokens_per_s']:.2f} | {row['speedup']:.2f} | "
+                     f"{'' if tau is None else f'{tau:.2f}'} |")
     return "\n".join(lines)
