@@ -216,22 +216,26 @@ def project_from_stats(stats: SSDStats, num_draft_tokens: int, backup: str = "ne
                            backup=backup, compute="dedicated")
 
 
-def should_fall_back(stats: SSDStats, num_draft_tokens: int, backup: str, compute: str) -> str | None:
+def should_fall_back(stats: SSDStats, num_draft_tokens: int, backup: str, compute: str,
+                     hit_rate: float | None = None) -> str | None:
     """A one-line reason when the measured costs say SSD is slower than ordinary SD, else None.
 
     Compares the modelled round times of :class:`SSDProjection` (same tau; Saguaro's acceptance cost is
-    not credited to SSD, so this errs towards falling back).
+    not credited to SSD, so this errs towards falling back). ``hit_rate=1.0`` asks whether even perfect
+    outcome prediction could pay (decidable from the first round's costs).
     """
     if stats.inline_draft_steps == 0 or stats.trees == 0:
         return None
-    proj = project_speedup(hit_rate=stats.hit_rate, draft_step_s=stats.draft_step_s,
+    h = stats.hit_rate if hit_rate is None else hit_rate
+    proj = project_speedup(hit_rate=h, draft_step_s=stats.draft_step_s,
                            verify_step_s=stats.verify_step_s, tree_s=stats.tree_s,
                            num_draft_tokens=num_draft_tokens, tau_sd=1.0, tau_ssd=1.0, backup=backup,
                            compute=compute)
     if proj.t_ssd_round <= proj.t_sd_round:
         return None
     return (f"SSD cannot pay here ({compute} tree {1e3 * stats.tree_s:.1f} ms vs verify "
-            f"{1e3 * stats.verify_step_s:.1f} ms, hit rate {stats.hit_rate:.2f}, draft step "
+            f"{1e3 * stats.verify_step_s:.1f} ms, hit rate {h:.2f}"
+            f"{' assumed' if hit_rate is not None else ''}, draft step "
             f"{1e3 * stats.draft_step_s:.1f} ms): falling back to ordinary speculative decoding")
 
 
@@ -527,10 +531,13 @@ class SSDCandidateGenerator(TrimmedCandidateGenerator):
         self._maybe_fall_back()
 
     def _maybe_fall_back(self, compute: str = "sync") -> None:
+        """Before ``probe_rounds``: fall back as soon as even perfect hits could not pay (inline, the tree's
+        glue + L steps cost at least the L steps it saves); at ``probe_rounds``: with the measured hit rate."""
         cfg = self.ssd_config
-        if not (self.active and cfg.fallback and self.stats.rounds == cfg.probe_rounds):
+        if not (self.active and cfg.fallback) or self.stats.rounds > cfg.probe_rounds:
             return
-        reason = should_fall_back(self.stats, self.num_assistant_tokens, cfg.backup, compute)
+        best = 1.0 if self.stats.rounds < cfg.probe_rounds else None
+        reason = should_fall_back(self.stats, self.num_assistant_tokens, cfg.backup, compute, hit_rate=best)
         if reason is None:
             return
         self.active = False
