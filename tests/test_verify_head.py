@@ -328,3 +328,28 @@ def test_real_gemma_logits_and_argmax_match_its_own_head():
     out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24, assistant_model=drafter)
     assert torch.equal(ref, out)
     assert any(c.key.out_features == head.weight.shape[0] for c in vh.kernel_choices())  # trials ran on the real head
+
+
+def test_which_assistants_get_the_verify_head(pair):
+    """TrimmedDrafter (its switch), hf_vocabspec session objects such as SSD's (their own switch, else their
+    drafter's), never an ordinary HF assistant."""
+    _, drafter = pair
+
+    class Session:  # the shape of hf_vocabspec.ssd.SSDSession as the wrapper sees it
+        def __init__(self, drafter):
+            self.drafter = drafter
+
+        def _hf_vocabspec_candidate_generator(self, **kwargs):
+            raise AssertionError("not called here")
+
+    plain, _ = make_pair("llama", seed=7)
+    assert vh.wants_verify_head(drafter) and not vh.wants_verify_head(plain) and not vh.wants_verify_head(None)
+    session = Session(drafter)
+    assert vh.wants_verify_head(session)
+    drafter.use_verify_head = False
+    try:
+        assert not vh.wants_verify_head(drafter) and not vh.wants_verify_head(session)
+        session.use_verify_head = True  # a session's own switch wins
+        assert vh.wants_verify_head(session)
+    finally:
+        drafter.use_verify_head = True
