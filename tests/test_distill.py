@@ -132,6 +132,9 @@ def test_resume_matches_an_uninterrupted_run(target, tmp_path):
     lb = json.loads((tmp_path / "b" / REPORT_FILE).read_text())["loss_history"]
     assert [s for s, _ in la] == [s for s, _ in lb] == list(range(1, 7))
     assert [v for _, v in la] == pytest.approx([v for _, v in lb], rel=1e-4)
+    # rerunning a finished run trains no further (Trainer alone would take one more step)
+    again = distill(config(target, tmp_path / "b", **kw), progress=False)
+    assert again.step == 6 and again.steps_done == 0 and again.final_agreement == resumed.final_agreement
     # a resume with settings that change the data order is refused, naming the way out
     with pytest.raises(ValueError, match="--overwrite"):
         distill(config(target, tmp_path / "b", **dict(kw, batch_size=2)), progress=False)
@@ -307,3 +310,22 @@ def test_two_processes_under_accelerate_launch(target, tmp_path):
     assert {p.name for p in ckpt.glob("rng_state_*")} == {"rng_state_0.safetensors", "rng_state_1.safetensors"}
     resumed = run(4)
     assert resumed["step"] == 4 and resumed["steps_done"] == 1 and resumed["tokens_seen"] == 4 * 2 * 2 * 32
+
+
+@pytest.mark.integration
+def test_real_target_two_steps(tmp_path):
+    """SmolLM2-135M-Instruct on ShareGPT through the real chat template: two steps train, agreement is
+    scored on held-out assistant positions, and the student loads and trims. (float32: bf16 is emulated,
+    and slow, on CPUs without AVX-512 BF16.)"""
+    from transformers import AutoTokenizer
+
+    out = tmp_path / "smol-2l"
+    res = distill(DistillConfig(target="offline:smollm2-135m-instruct", dataset="offline:sharegpt", num_layers=2,
+                                output_dir=out, seq_len=256, batch_size=1, max_steps=2, save_every=2,
+                                eval_sequences=4, target_dtype="float32", autocast=False), progress=False)
+    assert res.step == 2 and res.stopped == "max_steps" and res.loss_first > 0 and res.meta["eval_positions"] >= 32
+    assert 0.0 <= res.initial_agreement <= 1.0 and 0.0 <= res.final_agreement <= 1.0
+    assert 0 < res.assistant_positions_seen <= res.tokens_seen == 2 * 256
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.num_hidden_layers == 2
+    assert isinstance(trim_drafter(model, range(3, 2000), tokenizer=AutoTokenizer.from_pretrained(out)), TrimmedDrafter)

@@ -353,6 +353,9 @@ class DistillTrainer(Trainer):
             t_logp = self.teacher(input_ids=ids).logits[:, :-1][sel].float().log_softmax(-1)
         with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=self.autocast):
             out = model(input_ids=ids)
+        if not sel.any():  # a batch of prompt text only: nothing to learn (and no 0/0 from batchmean)
+            loss = out.logits.sum() * 0.0
+            return (loss, out) if return_outputs else loss
         s_logp = out.logits[:, :-1][sel].float().log_softmax(-1)
         loss = F.kl_div(s_logp, t_logp, log_target=True, reduction="batchmean")
         return (loss, out) if return_outputs else loss
@@ -692,9 +695,10 @@ def _distill(cfg: DistillConfig, progress: bool) -> DistillResult:
         trainer.add_callback(_Progress())
     start_step = int(last.name.split("-")[-1]) if last is not None else 0
     over_budget = cfg.time_budget_s is not None and time.perf_counter() - t0 + budget.reserve_s > cfg.time_budget_s
+    reached = cfg.max_steps is not None and start_step >= cfg.max_steps  # Trainer would still take one step
     stopped = "max_steps"
-    if over_budget or cfg.max_steps == 0:
-        stopped = "time_budget" if over_budget else "max_steps"
+    if over_budget or reached:
+        stopped = "max_steps" if reached else "time_budget"
         if last is not None:
             trainer._load_from_checkpoint(str(last))
             trainer.state = trainer.state.load_from_json(str(last / TRAINER_STATE_FILE))
