@@ -245,6 +245,14 @@ def test_refuses_a_foreign_output_dir(target, tmp_path):
     (tmp_path / "other" / "notes.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="--output"):
         distill(config(target, tmp_path / "other"), progress=False)
+    old = tmp_path / "old-format"  # the hand-written loop kept its state inside the student directory
+    old.mkdir()
+    (old / "trainer_state.json").write_text("{}")
+    (old / REPORT_FILE).write_text("{}")
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        distill(config(target, old), progress=False)
+    assert distill(config(target, old, max_steps=1, save_every=1, overwrite=True), progress=False).step == 1
+    assert not (old / "trainer_state.json").exists()
 
 
 def test_cli_distill_from_saved_target_and_jsonl(target, tmp_path, capsys):

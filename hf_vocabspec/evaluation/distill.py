@@ -638,6 +638,9 @@ def _distill(cfg: DistillConfig, progress: bool) -> DistillResult:
     if out.exists() and not cfg.overwrite and not (out / REPORT_FILE).is_file() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not a distilled student (no {REPORT_FILE}): choose a new "
                               "--output directory or pass --overwrite.")
+    if (out / TRAINER_STATE_FILE).is_file() and not cfg.overwrite and not _complete_checkpoints(ckpts):
+        raise FileExistsError(f"{out} holds a run of the earlier hand-written loop (its {TRAINER_STATE_FILE} is not "
+                              "Trainer's): pass --overwrite to start afresh there, or a new --output.")
     # the process group (if launched on N processes) comes from TrainingArguments; make it before the checks
     args = _training_args(cfg, ckpts, progress)
     world = args.world_size
