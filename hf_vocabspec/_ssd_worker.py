@@ -38,7 +38,14 @@ from multiprocessing.connection import Client, Listener
 import torch
 
 from .generation import TrimmedCandidateGenerator
-from .ssd import SSDCandidateGenerator, SSDConfig, SSDStats, _Drafts, full_log_q, should_fall_back
+from .ssd import (
+    SSDCandidateGenerator,
+    SSDConfig,
+    SSDStats,
+    _Drafts,
+    full_log_q,
+    should_fall_back,
+)
 
 _POLL_S = 0.2
 _STARTUP_S = 120.0  # a fresh interpreter imports torch + transformers and loads the drafter
@@ -54,7 +61,7 @@ def _send(conn, obj) -> None:
 
 
 def _recv(conn):
-    return pickle.loads(conn.recv_bytes())  # noqa: S301 - our own worker, authenticated local socket
+    return pickle.loads(conn.recv_bytes())  # our own worker, over an authenticated local socket
 
 
 class SSDWorkerError(RuntimeError):

@@ -198,8 +198,8 @@ def project_speedup(
     if backup == "none":
         tau = h * tau + (1 - h)
     speedup = (tau / t_ssd) / (tau_sd / t_sd) if t_ssd > 0 and tau_sd > 0 else float("nan")
-    inputs = dict(hit_rate=h, draft_step_s=draft_step_s, verify_step_s=verify_step_s, tree_s=tree_s,
-                  num_draft_tokens=L, tau_sd=tau_sd, tau_ssd=tau, backup=backup)
+    inputs = {"hit_rate": h, "draft_step_s": draft_step_s, "verify_step_s": verify_step_s, "tree_s": tree_s,
+              "num_draft_tokens": L, "tau_sd": tau_sd, "tau_ssd": tau, "backup": backup}
     return SSDProjection(speedup, t_sd, t_ssd, compute, inputs)
 
 
@@ -604,7 +604,7 @@ class SSDSession:
             self.worker.close()
             self.worker = None
 
-    def __enter__(self) -> SSDSession:
+    def __enter__(self) -> SSDSession:  # noqa: PYI034 - final in practice
         return self
 
     def __exit__(self, *exc) -> None:
@@ -613,5 +613,5 @@ class SSDSession:
     def __del__(self):
         try:
             self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
+        except Exception:  # noqa: BLE001, S110 - interpreter shutdown
             pass

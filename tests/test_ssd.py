@@ -185,9 +185,9 @@ def test_saguaro_drafts_verified_against_the_unscaled_q_fail(pair, monkeypatch):
         return idx, (None if law is None else logits.softmax(-1)), top
 
     monkeypatch.setattr(SSDCandidateGenerator, "_sample", wrong_law)
-    with drafter.with_ssd(SSDConfig(fan_out=1, saguaro_scale=0.2, fallback=False)) as ssd:
-        with pytest.raises(AssertionError):
-            check_ssd_lossless(target, ssd, {})
+    with drafter.with_ssd(SSDConfig(fan_out=1, saguaro_scale=0.2, fallback=False)) as ssd, \
+            pytest.raises(AssertionError):
+        check_ssd_lossless(target, ssd, {})
 
 
 # --- config, fallback, projection ------------------------------------------------------------------------------
@@ -206,10 +206,9 @@ def test_sync_fallback_says_so_and_stays_exact():
     """Inline tree building cannot beat ordinary drafting on the same compute: default settings fall back."""
     target, base = make_pair("llama", seed=3, head_scale=8.0)
     drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)) + [3, 5])
-    with drafter.with_ssd(SSDConfig(fan_out=3, probe_rounds=4)) as ssd:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            out = target.generate(PROMPT, do_sample=False, max_new_tokens=40, min_new_tokens=40, assistant_model=ssd)
+    with drafter.with_ssd(SSDConfig(fan_out=3, probe_rounds=4)) as ssd, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = target.generate(PROMPT, do_sample=False, max_new_tokens=40, min_new_tokens=40, assistant_model=ssd)
     stats = ssd.last_stats
     assert torch.equal(out, target.generate(PROMPT, do_sample=False, max_new_tokens=40, min_new_tokens=40))
     assert stats.fell_back and "falling back" in stats.fallback_reason
@@ -220,7 +219,7 @@ def test_sync_fallback_says_so_and_stays_exact():
 
 def test_projection_formula():
     # no hit, inline: pure overhead; perfect hits with t_spec <= t_v on dedicated compute: 1 + L t_d / t_v
-    common = dict(draft_step_s=0.01, verify_step_s=0.05, num_draft_tokens=5, tau_sd=3.0)
+    common = {"draft_step_s": 0.01, "verify_step_s": 0.05, "num_draft_tokens": 5, "tau_sd": 3.0}
     assert project_speedup(hit_rate=1.0, tree_s=0.04, compute="dedicated", **common).speedup == pytest.approx(2.0)
     assert project_speedup(hit_rate=0.0, tree_s=0.04, compute="dedicated", **common).speedup == pytest.approx(1.0)
     assert project_speedup(hit_rate=0.0, tree_s=0.04, compute="sync", **common).speedup < 1.0
@@ -291,7 +290,11 @@ def test_killed_or_stuck_worker_raises_instead_of_hanging():
 def test_greedy_identical_on_real_prompts(mode):
     from hf_vocabspec.coverage import count_assistant_tokens
     from hf_vocabspec.evaluation.benchmark import eval_prompts
-    from hf_vocabspec.evaluation.offline import load_chat_dataset, load_model, load_tokenizer
+    from hf_vocabspec.evaluation.offline import (
+        load_chat_dataset,
+        load_model,
+        load_tokenizer,
+    )
 
     smol = "offline:smollm2-135m-instruct"
     tokenizer = load_tokenizer(smol)
@@ -313,7 +316,13 @@ def test_greedy_identical_on_real_prompts(mode):
 
 
 def test_bench_rows_have_hit_rate_and_measured_and_projected_speedups():
-    from hf_vocabspec.evaluation.benchmark import Method, compare_methods, format_report, method_rows, ssd_rows
+    from hf_vocabspec.evaluation.benchmark import (
+        Method,
+        compare_methods,
+        format_report,
+        method_rows,
+        ssd_rows,
+    )
 
     target, base = make_pair("llama", seed=3, head_scale=8.0)
     drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)) + [3, 5])

@@ -649,8 +649,8 @@ def format_report(report: dict) -> str:
            + (f"; fell back: {row['ssd']['fallback_reason']}" if row["ssd"]["fell_back"] else "")
            for run in report["runs"] for name, row in run["methods"].items() if "ssd" in row]
     if ssd:
-        ssd = ["", "SSD (measured on this machine unless marked PROJECTED; an SSD row's draft ms also counts "
-               "sync-mode tree forwards; worker-mode drafter forwards run in another process and are not timed):",
+        ssd = ["", ("SSD (measured on this machine unless marked PROJECTED; an SSD row's draft ms also counts "
+                    "sync-mode tree forwards; worker-mode drafter forwards run in another process and are not timed):"),
                *ssd]
     return head + "\n".join(lines) + f"\n\n{_TIMING_NOTE}\n" + "\n".join(ssd) + ("\n" if ssd else "")
 
