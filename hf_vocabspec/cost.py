@@ -200,6 +200,23 @@ class LatencyCurve:
                 return y0 + (k - x0) * (y1 - y0) / (x1 - x0) if x1 > x0 else y1
         return ys[0]
 
+    def implausibility(self, tolerance: float = 0.10) -> str | None:
+        """Why this measured curve cannot be a head's cost (None when it can): a step with a head faster than
+        the body alone, or a smaller head slower than a bigger one, each beyond ``tolerance`` (relative noise).
+
+        A loaded machine produces such curves; predict()'s running maximum would then flatten the cost and
+        make every k look equally cheap, so callers re-measure or fall back to the FLOPs model instead."""
+        for k, t in zip(self.ks, self.seconds):
+            if t < self.floor_seconds * (1 - tolerance):
+                return (f"the step with a {k}-row head ({t * 1e3:.1f} ms) is faster than the body alone "
+                        f"({self.floor_seconds * 1e3:.1f} ms)")
+        for i, (k_small, t_small) in enumerate(zip(self.ks, self.seconds)):
+            for k_big, t_big in zip(self.ks[i + 1:], self.seconds[i + 1:]):
+                if t_small > t_big * (1 + tolerance):
+                    return (f"k={k_small} ({t_small * 1e3:.1f} ms) measured slower than k={k_big} "
+                            f"({t_big * 1e3:.1f} ms)")
+        return None
+
     def relative(self, k: float, full: int | None = None) -> float:
         """Draft-step time at k relative to the full head (``full`` defaults to ``vocab_size`` / the last k)."""
         full = full or self.vocab_size or self.ks[-1]

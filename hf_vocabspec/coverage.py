@@ -127,10 +127,17 @@ def _text(content) -> str:
 
 def _raw_turns(example: dict) -> tuple[list[dict], str, str]:
     """(turns, role key, content key) of one example in `messages` or ShareGPT `conversations` format."""
-    if example.get("messages") is not None:
-        return example["messages"], "role", "content"
-    if example.get("conversations") is not None:
-        return example["conversations"], "from", "value"
+    for key, role, content in (("messages", "role", "content"), ("conversations", "from", "value")):
+        turns = example.get(key)
+        if turns is None:
+            continue
+        if isinstance(turns, str):  # a data error: ValueError, like every malformed row
+            raise ValueError(f"'{key}' holds a string ({turns[:40]!r}...), not a list of turns: store it as a JSON "  # noqa: TRY004
+                             f"list of {{{role!r}: ..., {content!r}: ...}} objects (json.loads the column first).")
+        if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
+            raise ValueError(f"'{key}' must be a list of {{{role!r}, {content!r}}} objects; got {type(turns).__name__} "
+                             f"{str(turns)[:60]!r}.")
+        return turns, role, content
     raise ValueError(f"Unknown dataset format: expected {_FORMATS_HELP}; found columns {sorted(example)}.")
 
 
@@ -173,6 +180,7 @@ class TokenCounts:
     num_examples: int = 0
     num_assistant_turns: int = 0
     tokenizer_name: str = ""
+    tokenizer_sha256: str = ""  # drafter.tokenizer_sha256 of the counting tokenizer ("" in files from before it)
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self):
@@ -234,6 +242,7 @@ class TokenCounts:
         atomic_write(path, lambda tmp: save_file({"counts": self.counts.to(torch.int64).contiguous()}, str(tmp), metadata={
             "format": _FORMAT, "num_examples": str(self.num_examples),
             "num_assistant_turns": str(self.num_assistant_turns), "tokenizer_name": self.tokenizer_name,
+            "tokenizer_sha256": self.tokenizer_sha256,
         }))
 
     @classmethod
@@ -253,19 +262,36 @@ class TokenCounts:
             raise ValueError(f"{not_ours}: {err}") from err
         if counts.dtype != torch.int64 or counts.ndim != 1:
             raise ValueError(f"{not_ours}: counts must be a 1-D int64 tensor, got {counts.dtype} {tuple(counts.shape)}.")
-        return cls(counts, int(meta["num_examples"]), int(meta["num_assistant_turns"]), meta["tokenizer_name"])
+        return cls(counts, int(meta["num_examples"]), int(meta["num_assistant_turns"]), meta["tokenizer_name"],
+                   meta.get("tokenizer_sha256", ""))
+
+    def check_tokenizer(self, tokenizer, *, what: str = "these counts") -> None:
+        """Refuse a tokenizer other than the one counted with (fingerprint, not just size: two tokenizers of
+        one size would silently map counts to the wrong tokens). Cheap: run it before any search or timing."""
+        from .drafter import tokenizer_sha256
+
+        name = getattr(tokenizer, "name_or_path", "") or "the given tokenizer"
+        fix = f"count again with it (`hf-vocabspec count --tokenizer {name}`) or pass the tokenizer the counts were made with"
+        if self.tokenizer_sha256:
+            if tokenizer_sha256(tokenizer) != self.tokenizer_sha256:
+                raise ValueError(f"{what} were counted with another tokenizer ({self.tokenizer_name!r}) than "
+                                 f"{name!r} (tokenizer fingerprints differ): {fix}.")
+        elif len(tokenizer) > self.vocab_size:
+            raise ValueError(f"{what} cover {self.vocab_size} ids but {name!r} has {len(tokenizer)} tokens: {fix}.")
 
     def __add__(self, other: TokenCounts) -> TokenCounts:
         """Merge counts of shards of one dataset (counting is additive)."""
         if not isinstance(other, TokenCounts):
             return NotImplemented
-        if self.tokenizer_name != other.tokenizer_name or self.vocab_size != other.vocab_size:
+        if (self.tokenizer_name != other.tokenizer_name or self.vocab_size != other.vocab_size
+                or self.tokenizer_sha256 != other.tokenizer_sha256):
             raise ValueError(
                 f"Cannot merge counts of different tokenizers ({self.tokenizer_name!r}, {self.vocab_size}) and "
                 f"({other.tokenizer_name!r}, {other.vocab_size}): count both with the target's tokenizer."
             )
         return TokenCounts(self.counts + other.counts, self.num_examples + other.num_examples,
-                           self.num_assistant_turns + other.num_assistant_turns, self.tokenizer_name)
+                           self.num_assistant_turns + other.num_assistant_turns, self.tokenizer_name,
+                           self.tokenizer_sha256)
 
     def __radd__(self, other):
         """Lets ``sum(parts)`` work (it starts from 0)."""
@@ -326,7 +352,14 @@ def count_assistant_tokens(
             f"No assistant turns found in {n_examples} example(s): expected {_FORMATS_HELP} (also accepted as "
             f"responses: {sorted(_ASSISTANT_ROLES)}); found columns {sorted(columns)} and roles {sorted(roles)}."
         )
-    return TokenCounts(torch.from_numpy(counts), n_examples, n_turns, str(getattr(tokenizer, "name_or_path", "")))
+    return TokenCounts(torch.from_numpy(counts), n_examples, n_turns, str(getattr(tokenizer, "name_or_path", "")),
+                       _fingerprint(tokenizer))
+
+
+def _fingerprint(tokenizer) -> str:
+    from .drafter import tokenizer_sha256
+
+    return tokenizer_sha256(tokenizer)
 
 
 def count_assistant_tokens_distributed(
@@ -355,7 +388,7 @@ def count_assistant_tokens_distributed(
     if n_turns == 0:
         raise ValueError("No assistant turns found in any shard: expected 'messages' with role 'assistant' or "
                          "ShareGPT 'conversations' with from 'gpt'.")
-    return TokenCounts(counts, n_examples, n_turns, local.tokenizer_name)
+    return TokenCounts(counts, n_examples, n_turns, local.tokenizer_name, local.tokenizer_sha256)
 
 
 def _take(dataset, n: int):
@@ -386,4 +419,5 @@ def _count_or_empty(shard, tokenizer, **kwargs) -> TokenCounts:
         if "No assistant turns" not in str(err):
             raise
         size = max(kwargs.get("vocab_size") or 0, len(tokenizer))
-        return TokenCounts(torch.zeros(size, dtype=torch.int64), 0, 0, str(getattr(tokenizer, "name_or_path", "")))
+        return TokenCounts(torch.zeros(size, dtype=torch.int64), 0, 0, str(getattr(tokenizer, "name_or_path", "")),
+                           _fingerprint(tokenizer))

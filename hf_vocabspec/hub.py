@@ -6,7 +6,7 @@
 A pushed repo holds ``config.json`` (``model_type: hf_vocabspec_trimmed_drafter``, ``draft_vocab_size``, the map's
 checksum, target and tokenizer fingerprint), ``model.safetensors`` (trimmed head + ``d2t`` absolute ids),
 ``generation_config.json``, the tokenizer when given, and ``README.md`` rendered from
-``model_cards/drafter_card.md``.
+``hf_vocabspec/templates/drafter_card.md`` (package data).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from .drafter import MODEL_TYPE, TrimmedDrafter, VocabularyMapError, tokenizer_s
 
 logger = logging.getLogger(__name__)
 
-TEMPLATE = Path(__file__).resolve().parent.parent / "model_cards" / "drafter_card.md"
+TEMPLATE = Path(__file__).resolve().parent / "templates" / "drafter_card.md"  # package data (wheel installs)
 CARD_TAGS = ["hf_vocabspec", "speculative-decoding", "draft-model", "trimmed-vocabulary"]
 DEFAULT_COMMIT_MESSAGE = "Upload trimmed drafter (hf_vocabspec)"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -244,7 +244,7 @@ def _eval_results(rows: list[dict] | None):
 def build_model_card(drafter: TrimmedDrafter, repo_id: str = "<repo-id>", *, license: str | None = None,
                      tokenizer_fingerprint: str | None = None, eval_results: list[dict] | None = None,
                      pareto: list[dict] | None = None, custom_generate: bool = True, files: tuple[str, ...] = ()):
-    """A ``huggingface_hub.ModelCard`` rendered from ``model_cards/drafter_card.md`` and the drafter's config.
+    """A ``huggingface_hub.ModelCard`` rendered from ``hf_vocabspec/templates/drafter_card.md`` and the drafter's config.
 
     ``eval_results`` (measured numbers, see :func:`_eval_results`; default: ``config.eval_results`` when the
     drafter carries them) go to the YAML model-index and a table. ``pareto`` (``[{k, coverage,

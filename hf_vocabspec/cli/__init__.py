@@ -1,24 +1,76 @@
-"""``hf-vocabspec``: count assistant-token coverage, choose and trim a drafter's vocabulary, evaluate it."""
+"""``hf-vocabspec``: count assistant-token coverage, choose and trim a drafter's vocabulary, evaluate it.
+
+A user error prints ONE line (what is wrong and how to fix it) and exits non-zero: 2 for a bad command line,
+1 for anything found later (a missing file, counts of another tokenizer, ...). ``--debug`` shows the traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from . import evaluation, pipeline, tune
 
 
+class _Parser(argparse.ArgumentParser):
+    """Every (sub)command shows defaults in --help and reports a bad command line in one line (exit 2)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _fill_help(parser: argparse.ArgumentParser) -> None:
+    """An option registered without help still shows its default (ArgumentDefaultsHelpFormatter skips empty help)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _fill_help(sub)
+        elif action.help is None and action.option_strings:
+            action.help = "default: %(default)s" if action.default not in (None, False) else "optional"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hf-vocabspec", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
+    p = _Parser(prog="hf-vocabspec", description=__doc__)
+    p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     pipeline.register(sub)
     evaluation.register(sub)
     tune.register(sub)
+    _fill_help(p)
     return p
 
 
+def _one_line(err: BaseException) -> str:
+    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
+    text = lines[0] if lines else type(err).__name__
+    if isinstance(err, KeyError):
+        text = f"missing key {text}"
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv  # global: accepted before or after the subcommand
+    argv = [a for a in argv if a != "--debug"]
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("hf-vocabspec: interrupted", file=sys.stderr)
+        return 130
+    except SystemExit:
+        raise
+    except Exception as err:  # user-facing: one line; the traceback only on request
+        if debug:
+            raise
+        print(f"hf-vocabspec {args.command}: error: {_one_line(err)} (--debug for the traceback)", file=sys.stderr)
+        return 2 if isinstance(err, pipeline.UsageError) else 1
 
 
 if __name__ == "__main__":

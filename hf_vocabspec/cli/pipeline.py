@@ -7,10 +7,42 @@ from pathlib import Path
 
 import torch
 
-from ._common import DTYPES, count_for_args, is_main_process, log, selection_args
+from ._common import (
+    DTYPES,
+    check_output_parent,
+    count_for_args,
+        is_main_process,
+    log,
+    positive_int,
+    selection_args,
+)
+
+
+class UsageError(ValueError):
+    """A bad combination of command-line arguments found after parsing (exit status 2, like argparse's)."""
+
+
+def measured_or_flops(model, ks, *, measure=None):
+    """A plausible measured latency curve, else the FLOPs model: (cost, curve or None, note on which was used).
+
+    Timing on a loaded machine can make a small head look slower than the full one; a flattened curve would
+    then make every k look equally cheap. So an implausible curve is measured once more, and if it is still
+    implausible the architecture-aware FLOPs model is used, and the note says so."""
+    from ..cost import measure_draft_latency
+
+    measure = measure or measure_draft_latency
+    why = None
+    for attempt in range(2):
+        curve = measure(model, ks)
+        why = curve.implausibility()
+        if why is None:
+            return curve, curve, "measured draft-step latency" + (" (second measurement)" if attempt else "")
+        log(f"latency curve implausible ({why}); " + ("measuring again" if attempt == 0 else "using the FLOPs model"))
+    return model.config, None, f"FLOPs model (measured curve implausible twice: {why})"
 
 
 def cmd_count(args) -> int:
+    check_output_parent(args.output)
     counts = count_for_args(args)
     if not is_main_process():
         return 0
@@ -24,37 +56,54 @@ def cmd_count(args) -> int:
     return 0
 
 
+def _check_reachable(args, counts) -> None:
+    """The coverage constraint must be reachable within --max-k: say so before any timing or search."""
+    k_max = min(args.max_k, counts.vocab_size)
+    if counts.num_tokens == 0:
+        raise UsageError("the counts hold no tokens: count a dataset with assistant turns first.")
+    best = counts.coverage(k_max)
+    if best < args.min_coverage:
+        raise UsageError(f"--min-coverage {args.min_coverage} is unreachable with --max-k {args.max_k}: the best "
+                         f"reachable coverage is {best:.4f}; lower --min-coverage or raise --max-k.")
+
+
 def _select(args, counts, model, out_dir: Path):
-    """Run the vocabulary search; write selection.json, pareto.png (and latency.png when measured)."""
-    from ..cost import measure_draft_latency
+    """Run the vocabulary search; write selection.json, pareto.png (and latency.png when measured).
+
+    Files are written only after the search succeeded (a refused run leaves no half-filled folder)."""
     from ..selection import select_vocabulary
 
-    out_dir.mkdir(parents=True, exist_ok=True)
     vocab = counts.vocab_size
-    curve = None
+    curve, cost_note = None, "FLOPs model (--cost flops)"
     if args.cost == "measured":
         ks = sorted({k for k in (1024, 4096, 16384, 65536) if k < vocab} | {vocab})
         log(f"measuring the draft step at k in {ks} (+ body-only floor)")
-        curve = measure_draft_latency(model, ks)
-        curve.plot(out_dir / "latency.png")
-        cost = curve
+        cost, curve, cost_note = measured_or_flops(model, ks)
     else:
         cost = model.config
     result = select_vocabulary(
         counts, cost, min_coverage=args.min_coverage, objective=args.objective, n_trials=args.n_trials,
         seed=args.seed, k_range=(50, min(args.max_k, vocab)), storage=args.storage,
     )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if curve is not None:
+        curve.plot(out_dir / "latency.png")
     result.plot_pareto(out_dir / "pareto.png")
-    info = result.to_dict() | {"counts_tokenizer": counts.tokenizer_name, "latency_curve": curve.to_dict() if curve else None}
+    info = result.to_dict() | {"counts_tokenizer": counts.tokenizer_name, "counts_tokenizer_sha256": counts.tokenizer_sha256,
+                               "cost_used": cost_note, "latency_curve": curve.to_dict() if curve else None}
     (out_dir / "selection.json").write_text(json.dumps(info, indent=2))
+    log(f"draft cost: {cost_note}")
     return result, curve
 
 
 def cmd_select(args) -> int:
     from ..coverage import TokenCounts
-    from ..evaluation.offline import load_model
+    from ..evaluation.offline import load_model, load_tokenizer
 
+    check_output_parent(args.output)
     counts = TokenCounts.load(args.counts)
+    counts.check_tokenizer(load_tokenizer(args.drafter), what=f"the counts in {args.counts}")
+    _check_reachable(args, counts)
     model = load_model(args.drafter, dtype=DTYPES[args.dtype]).eval()
     result, _ = _select(args, counts, model, Path(args.output))
     log(f"k={result.k:,} coverage={result.coverage:.2%} objective={result.objective}={result.value:.3f} "
@@ -62,61 +111,111 @@ def cmd_select(args) -> int:
     return 0
 
 
+def _trim_counts(args, tokenizer):
+    """(counts, held-out counts or None): count the first --max-examples conversations (evaluation.data.count_split:
+    fewer if that would leave under 500 held out) and count the rest (up to 1,000) for the reported coverage."""
+    from ..coverage import count_assistant_tokens, count_assistant_tokens_distributed
+    from ..evaluation.data import count_split
+    from ..evaluation.offline import load_chat_dataset
+
+    dataset = load_chat_dataset(args.dataset)
+    if not hasattr(dataset, "__len__"):
+        return count_for_args(args), None
+    counted, held = count_split(dataset, args.max_examples, min_held_out=min(500, len(dataset) // 5))
+    counts = count_assistant_tokens_distributed(counted, tokenizer, progress=True)
+    if not is_main_process() or len(held) == 0:
+        return counts, None
+    held = held.select(range(min(1000, len(held))))
+    try:
+        held_counts = count_assistant_tokens(held, tokenizer, progress=False, vocab_size=counts.vocab_size)
+    except ValueError:  # no assistant turns held out
+        return counts, None
+    return counts, held_counts
+
+
 def cmd_trim(args) -> int:
     """count (or --counts) -> select -> trim -> save (-> push); prints a summary."""
     if (args.bench_results or args.private or args.license) and not args.push_to_hub:
-        raise SystemExit("--bench-results / --private / --license only apply with --push-to-hub REPO_ID.")
+        raise UsageError("--bench-results / --private / --license only apply with --push-to-hub REPO_ID.")
     if args.bench_results and not Path(args.bench_results).is_file():
-        raise SystemExit(f"--bench-results: no such file {args.bench_results!r} (the results.json of `hf-vocabspec bench`).")
-    from ..cost import measure_draft_latency
+        raise UsageError(f"--bench-results: no such file {args.bench_results!r} (the results.json of `hf-vocabspec bench`).")
+    check_output_parent(args.output)
     from ..coverage import TokenCounts
     from ..drafter import trim_drafter
     from ..evaluation.offline import load_model, load_tokenizer
 
     tokenizer = load_tokenizer(args.tokenizer or args.drafter)
+    held_counts = None
     if args.counts:
         counts = TokenCounts.load(args.counts)
+        counts.check_tokenizer(tokenizer, what=f"the counts in {args.counts}")
     else:
         args.tokenizer = args.tokenizer or args.drafter
-        counts = count_for_args(args)
+        counts, held_counts = _trim_counts(args, tokenizer)
         if not is_main_process():
             return 0
+    if not args.k:
+        _check_reachable(args, counts)
     out = Path(args.output)
     model = load_model(args.drafter, dtype=DTYPES[args.dtype]).eval()
-    if args.k:
-        k, result, curve = args.k, None, None
-    else:
-        result, curve = _select(args, counts, model, out / "selection")
-        k = result.k
-    keep = counts.top_k(k)
-    selection = {"method": "top-k by assistant-token count", "k": k, "coverage": counts.coverage(k),
-                 "min_coverage": args.min_coverage, "dataset": getattr(args, "dataset", None),
-                 "objective": result.objective if result else "fixed k", "cost_source": result.cost_source if result else None}
-    drafter = trim_drafter(model, keep, tokenizer=tokenizer, target_model=args.target, selection=selection)
-    drafter.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    state = {}
+
+    def build(tmp: Path) -> None:
+        """Everything the output folder holds, built beside it and swapped in whole (atomic_directory)."""
+        from ..cost import measure_draft_latency
+        from ..hub import write_custom_generate
+
+        if args.k:
+            k, result = args.k, None
+        else:
+            result, _ = _select(args, counts, model, tmp / "selection")
+            k = result.k
+        keep = counts.top_k(k)
+        selection = {"method": "top-k by assistant-token count", "k": k, "coverage": counts.coverage(k),
+                     "min_coverage": args.min_coverage, "dataset": getattr(args, "dataset", None),
+                     "objective": result.objective if result else "fixed k",
+                     "cost_source": result.cost_source if result else None}
+        if held_counts is not None:
+            selection["held_out_coverage"] = held_counts.coverage_of(keep)
+        drafter = trim_drafter(model, keep, tokenizer=tokenizer, target_model=args.target, selection=selection)
+        drafter.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if not args.no_custom_generate:  # target.generate(custom_generate=<out>, trust_remote_code=True)
+            write_custom_generate(tmp, str(out.resolve()))
+        k_kept = drafter.config.draft_vocab_size
+        measured = measure_draft_latency(load_model(args.drafter, dtype=DTYPES[args.dtype]).eval(),
+                                         [k_kept, counts.vocab_size])
+        state.update(drafter=drafter, k=k, result=result, measured=measured, keep=keep)
+
+    from .._io import atomic_directory
+
+    atomic_directory(out, build, shared=False)
+    drafter, k, result, measured, keep = (state[n] for n in ("drafter", "k", "result", "measured", "keep"))
     k_kept = drafter.config.draft_vocab_size
-    measured = measure_draft_latency(load_model(args.drafter, dtype=DTYPES[args.dtype]).eval(), [k_kept, counts.vocab_size])
     speedup = measured.seconds[1] / measured.seconds[0]
-    print(f"kept {k_kept:,} of {drafter.config.vocab_size:,} tokens; coverage {counts.coverage(k):.2%} of counted "
-          f"assistant tokens")
+    if held_counts is not None:
+        coverage, coverage_text = held_counts.coverage_of(keep), (
+            f"coverage {held_counts.coverage_of(keep):.2%} of held-out assistant tokens ({held_counts.num_examples:,} "
+            f"conversations not counted; {counts.coverage(k):.2%} of the counted ones)")
+    else:
+        coverage, coverage_text = counts.coverage(k), (
+            f"coverage {counts.coverage(k):.2%} of the COUNTED assistant tokens (no held-out text with --counts; "
+            "expect less on new text)")
+    print(f"kept {k_kept:,} of {drafter.config.vocab_size:,} tokens; {coverage_text}")
     if result:
         print(f"predicted draft-step speedup {result.predicted_draft_speedup:.2f}x ({result.cost_source}); "
               f"Pareto plot: {out / 'selection' / 'pareto.png'}")
     print(f"measured draft-step: {measured.seconds[1] * 1e3:.1f} ms full head -> {measured.seconds[0] * 1e3:.1f} ms "
           f"trimmed ({speedup:.2f}x; body-only floor {measured.floor_seconds * 1e3:.1f} ms)")
     print(f"saved to {out}")
-    from ..hub import write_custom_generate
-
-    if not args.no_custom_generate:  # target.generate(custom_generate=<out>, trust_remote_code=True)
-        write_custom_generate(out, str(out.resolve()))
     if args.push_to_hub:
         from ..hub import push_drafter_to_hub
 
-        workload = f"{args.dataset} (counted assistant turns)" if not args.counts else f"{args.counts} (counts file)"
+        workload = f"{args.dataset} (held-out assistant turns)" if held_counts is not None else (
+            f"{args.counts} (counts file)" if args.counts else f"{args.dataset} (counted assistant turns)")
         measured_rows = [
             {"metric_type": "coverage", "metric_name": "assistant-token coverage of the kept vocabulary",
-             "metric_value": round(counts.coverage(k), 6), "dataset_name": workload},
+             "metric_value": round(coverage, 6), "dataset_name": workload},
             {"metric_type": "draft_step_speedup", "metric_name": f"draft-step speedup vs full head ({args.dtype}, measured)",
              "metric_value": round(speedup, 4), "dataset_name": workload},
         ]
@@ -176,21 +275,24 @@ def cmd_rdk_fit(args) -> int:
 def register(sub) -> None:
     c = sub.add_parser("count", help="count assistant-token frequencies of a chat dataset")
     c.add_argument("--tokenizer", default="offline:smollm2-135m-instruct", help="target model/tokenizer id")
-    c.add_argument("--dataset", default="offline:sharegpt")
-    c.add_argument("--max-examples", type=int, default=None)
-    c.add_argument("--output", default="counts.safetensors")
+    c.add_argument("--dataset", default="offline:sharegpt",
+                   help="chat dataset: Hub id, local .json/.jsonl/.parquet/.csv, or offline name")
+    c.add_argument("--max-examples", type=positive_int, default=None, help="count only the first N conversations (default: all)")
+    c.add_argument("--output", default="counts.safetensors", help="counts file to write (safetensors)")
     c.set_defaults(func=cmd_count)
 
     t = sub.add_parser("trim", help="trim a drafter's LM head to the tokens that cover the workload")
-    t.add_argument("--drafter", default="offline:smollm2-135m-instruct")
+    t.add_argument("--drafter", default="offline:smollm2-135m-instruct", help="base drafter: Hub id, directory or offline name")
     t.add_argument("--target", default=None, help="the target model id this drafter serves (recorded)")
     t.add_argument("--tokenizer", default=None, help="defaults to the drafter's")
     t.add_argument("--counts", default=None, help="counts file from `hf-vocabspec count` (else count now)")
-    t.add_argument("--dataset", default="offline:sharegpt")
-    t.add_argument("--max-examples", type=int, default=5000)
+    t.add_argument("--dataset", default="offline:sharegpt",
+                   help="chat dataset counted when no --counts (the rest is held out for the reported coverage)")
+    t.add_argument("--max-examples", type=positive_int, default=5000,
+                   help="conversations counted (fewer if that would leave under 500 held out)")
     selection_args(t)
-    t.add_argument("--k", type=int, default=None, help="keep exactly the top-k tokens (skips the search)")
-    t.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
+    t.add_argument("--k", type=positive_int, default=None, help="keep exactly the top-k tokens (skips the search)")
+    t.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="drafter weights dtype")
     t.add_argument("--push-to-hub", default=None, metavar="REPO_ID",
                    help="also push the drafter with a model card (HF_TOKEN / `hf auth login`; HF_ENDPOINT honoured)")
     t.add_argument("--private", action="store_true", help="with --push-to-hub: create the repo private")
@@ -199,26 +301,27 @@ def register(sub) -> None:
                    help="with --push-to-hub: add this kept size's rows of an `hf-vocabspec bench` results.json to the card")
     t.add_argument("--no-custom-generate", action="store_true",
                    help="do not write/push the custom_generate/ recipe (target.generate(custom_generate=repo))")
-    t.add_argument("--output", default="trimmed-drafter")
+    t.add_argument("--output", default="trimmed-drafter", help="directory to save the drafter to (replaced whole)")
     t.set_defaults(func=cmd_trim)
 
     se = sub.add_parser("select", help="choose the kept vocabulary size: TPE under a coverage constraint")
     se.add_argument("--counts", required=True, help="counts file from `hf-vocabspec count`")
     se.add_argument("--drafter", default="offline:smollm2-135m-instruct", help="drafter whose step cost is modelled")
-    se.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
+    se.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="drafter dtype for the timing")
     selection_args(se)
-    se.add_argument("--output", default="selection")
+    se.add_argument("--output", default="selection", help="directory for selection.json, pareto.png, latency.png")
     se.set_defaults(func=cmd_select)
 
     rf = sub.add_parser("rdk-fit", help="fit an RDK kernel (out-of-vocabulary sampling) into a saved trimmed drafter")
     rf.add_argument("drafter", help="directory or repo of a trimmed drafter")
     rf.add_argument("--target", default=None, help="default: the target recorded in the drafter")
-    rf.add_argument("--dataset", default="offline:sharegpt")
-    rf.add_argument("--method", choices=["fitted", "prior"], default="fitted")
-    rf.add_argument("--sequences", type=int, default=150, help="calibration assistant turns (fitted)")
+    rf.add_argument("--dataset", default="offline:sharegpt", help="calibration chat dataset")
+    rf.add_argument("--method", choices=["fitted", "prior"], default="fitted",
+                    help="fitted on target distributions, or the embedding-similarity prior")
+    rf.add_argument("--sequences", type=positive_int, default=150, help="calibration assistant turns (fitted)")
     rf.add_argument("--skip", type=int, default=0, help="skip this many assistant turns (e.g. those counted)")
-    rf.add_argument("--max-examples", type=int, default=4000, help="conversations counted (prior)")
-    rf.add_argument("--temperature", type=float, default=1.0)
-    rf.add_argument("--num-targets", type=int, default=8)
+    rf.add_argument("--max-examples", type=positive_int, default=4000, help="conversations counted (prior)")
+    rf.add_argument("--temperature", type=float, default=1.0, help="sampling temperature the kernel is fitted for")
+    rf.add_argument("--num-targets", type=positive_int, default=8, help="pruned neighbours per kept token (m)")
     rf.add_argument("--output", default=None, help="default: overwrite the drafter directory")
     rf.set_defaults(func=cmd_rdk_fit)

@@ -195,12 +195,47 @@ def _convert_model(key: str, out: Path) -> None:
     }, indent=2) + "\n")
 
 
+_DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".gz", ".safetensors", ".bin", ".gguf", ".txt")
+
+
+def _looks_local(name: str) -> bool:
+    """A name meant as a local path (a Hub id is ``name`` or ``owner/name``, never ./x, /x, ~/x, a/b/c or x.jsonl)."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or name.lower().endswith(_DATA_SUFFIXES)
+
+
+def _check_local(name: str, what: str) -> None:
+    """Fail in one line on a mistyped local path (not datasets'/transformers' "couldn't reach the Hub") and on
+    a file given where a model directory is expected (a counts file especially)."""
+    path = Path(name).expanduser()
+    if not path.exists():
+        if _looks_local(name):
+            raise FileNotFoundError(f"No such {what} file or directory: {name!r} (check the path; Hub ids look "
+                                    f"like 'owner/name', offline names like 'offline:sharegpt').")
+        return
+    if what == "model" and path.is_file():
+        kind = "a file"
+        try:
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="pt") as f:
+                if (f.metadata() or {}).get("format", "").startswith("hf_vocabspec"):
+                    kind = "an hf_vocabspec counts file (pass it as --counts)"
+        except Exception:  # noqa: BLE001, S110 (not safetensors: just a file)
+            pass
+        raise ValueError(f"{name!r} is {kind}, not a model: pass a model directory (with config.json), a Hub id "
+                         f"or an offline name.")
+    if what == "model" and path.is_dir() and not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{name!r} has no config.json: pass the directory a model was saved to "
+                                f"(save_pretrained), a Hub id or an offline name.")
+
+
 def resolve_model_path(name_or_path: str) -> str:
     """Offline name -> local directory with safetensors (converted once, cached); anything else unchanged.
 
     The directory's ``hf_vocabspec_offline.json`` records the origin (package, version, GGUF sha256).
     """
     if not is_offline_name(name_or_path):
+        _check_local(name_or_path, "model")
         return name_or_path
     key = _key(name_or_path, _MODELS, "model")
     final = cache_dir() / _CACHE_VERSION / "models" / key
@@ -335,11 +370,19 @@ def load_chat_dataset(name_or_path: str, split: str = "train", **kwargs: Any) ->
         final = cache_dir() / _CACHE_VERSION / "datasets" / key
         ds = datasets.load_from_disk(str(build_once(final, build)))
         return _select_split(ds, name_or_path, split)
-    path = Path(name_or_path)
+    _check_local(name_or_path, "dataset")
+    path = Path(name_or_path).expanduser()
+    if path.is_file() and not path.read_bytes()[:4096].strip():
+        raise ValueError(f"Dataset file {name_or_path!r} is empty: it needs one conversation per line (JSONL) or a "
+                         f"JSON list of {{'messages': [...]}} objects.")
     if path.is_file():
         exts = [s for s in path.suffixes if s not in (".gz", ".bz2", ".xz", ".zst")]  # compressed text is fine
         builder = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}.get(exts[-1] if exts else "")
         if builder is None:
             raise ValueError(f"Unsupported data file {path}: use .json, .jsonl, .parquet or .csv.")
-        return datasets.load_dataset(builder, data_files=str(path), split=split, **kwargs)
+        ds = datasets.load_dataset(builder, data_files=str(path), split=split, **kwargs)
+        if len(ds) == 0:
+            raise ValueError(f"Dataset file {name_or_path!r} holds no rows: it needs conversations with a "
+                             f"'messages' list.")
+        return ds
     return datasets.load_dataset(name_or_path, split=split, **kwargs)

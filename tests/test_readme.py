@@ -1,0 +1,175 @@
+"""Every ```python block of README.md runs as written, in a fresh process, after the README's setup.
+
+A block may be preceded by an HTML comment that the harness reads (and a reader does not see):
+
+    <!-- readme-test: name=api -->            other blocks can say after=api (its code runs first, same process)
+    <!-- readme-test: after=api hub -->       needs a Hub: the test starts tests/hub_server.py and sets
+                                              HF_ENDPOINT/HF_TOKEN for the process (the block sets nothing)
+
+Blocks that load real models (``offline:`` names, directly or through ``after=``) are integration tests;
+the others run in the fast suite. Sections added later are picked up automatically. The fast suite also checks
+statically that every block, with its ``after=`` blocks, defines every name it uses (the "five lines" once
+used ``torch`` and ``inputs`` without defining them). A snippet that cannot run must not be a ```python block.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+_FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[\w+-]*)\s*$")
+_DIRECTIVE = re.compile(r"<!--\s*readme-test:(?P<body>.*?)-->")
+
+
+@dataclass
+class Block:
+    line: int
+    code: str
+    name: str | None = None
+    after: list[str] = field(default_factory=list)
+    hub: bool = False
+
+    @property
+    def id(self) -> str:
+        return f"README.md:{self.line}" + (f"[{self.name}]" if self.name else "")
+
+
+def python_blocks(text: str) -> list[Block]:
+    """The ```python blocks of a Markdown text (indented ones in list items too), with their directives."""
+    lines = text.splitlines()
+    blocks, i = [], 0
+    while i < len(lines):
+        m = _FENCE.match(lines[i])
+        if not m or not m["lang"]:
+            i += 1
+            continue
+        start, lang = i, m["lang"]
+        j = i + 1
+        while j < len(lines) and not _FENCE.match(lines[j]):
+            j += 1
+        if lang == "python":
+            block = Block(start + 1, textwrap.dedent("\n".join(lines[start + 1: j])))
+            prev = lines[start - 1] if start else ""
+            d = _DIRECTIVE.search(prev)
+            if d:
+                for word in d["body"].split():
+                    if word.startswith("name="):
+                        block.name = word[5:]
+                    elif word.startswith("after="):
+                        block.after += word[6:].split(",")
+                    elif word == "hub":
+                        block.hub = True
+                    else:
+                        raise ValueError(f"README.md:{start}: unknown readme-test word {word!r}")
+            blocks.append(block)
+        i = j + 1
+    return blocks
+
+
+BLOCKS = python_blocks(README.read_text())
+NAMED = {b.name: b for b in BLOCKS if b.name}
+
+
+def program(block: Block) -> str:
+    """The block preceded by the blocks it runs after (recursively), as one script."""
+    parts, seen = [], set()
+
+    def add(b: Block):
+        for name in b.after:
+            if name not in NAMED:
+                raise KeyError(f"{b.id}: after={name} names no block")
+            if name not in seen:
+                seen.add(name)
+                add(NAMED[name])
+        parts.append(f"# --- {b.id}\n{b.code}")
+
+    add(block)
+    return "\n".join(parts) + "\n"
+
+
+def needs_models(block: Block) -> bool:
+    return "offline:" in program(block) or "from_pretrained(" in program(block)
+
+
+def _undefined_names(source: str) -> set[str]:
+    """Names loaded but never bound anywhere in the script (module level, imports, loops, functions, lambdas)."""
+    tree = ast.parse(source)
+    bound, used = set(dir(builtins)), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (used if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+    return used - bound
+
+
+def test_readme_has_python_blocks_and_directives_resolve():
+    assert len(BLOCKS) >= 5
+    assert "api" in NAMED
+    for b in BLOCKS:
+        program(b)  # every after= names a block
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=lambda b: b.id)
+def test_block_defines_every_name_it_uses(block):
+    """Static: compiles, and no name is used that neither the block nor its after= blocks define."""
+    source = program(block)
+    compile(source, block.id, "exec")
+    assert not _undefined_names(source), f"{block.id} uses undefined names {sorted(_undefined_names(source))}"
+
+
+def test_python_blocks_parser_finds_indented_blocks_and_directives():
+    text = "x\n<!-- readme-test: name=a -->\n```python\nA = 1\n```\n- item:\n  <!-- readme-test: after=a hub -->\n" \
+           "  ```python\n  print(A)\n  ```\n```bash\nls\n```\n"
+    a, b = python_blocks(text)
+    assert (a.name, a.code, b.after, b.hub, b.code) == ("a", "A = 1", ["a"], True, "print(A)")
+
+
+def test_undefined_names_catches_the_old_five_lines():
+    old = "import hf_vocabspec\ndrafter = hf_vocabspec.x(dtype=torch.bfloat16)\nout = t.generate(**inputs)\n"
+    assert _undefined_names(old) == {"torch", "inputs", "t"}
+
+
+def _run(block: Block, tmp_path: Path, extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    script = tmp_path / "block.py"
+    script.write_text(program(block))
+    env = {**os.environ, **(extra_env or {})}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    return subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=1800)
+
+
+def _params():
+    for b in BLOCKS:
+        marks = [pytest.mark.integration] if needs_models(b) else []
+        yield pytest.param(b, marks=marks, id=b.id)
+
+
+@pytest.mark.parametrize("block", list(_params()))
+def test_block_runs_in_a_fresh_process(block, tmp_path):
+    env = None
+    if block.hub:
+        sys.path.insert(0, str(Path(__file__).parent))
+        from hub_server import LocalHub, client_env
+
+        with LocalHub() as hub:
+            env = client_env(hub, tmp_path / "hf-cache")
+            proc = _run(block, tmp_path, env)
+    else:
+        proc = _run(block, tmp_path)
+    assert proc.returncode == 0, f"{block.id} failed:\n{proc.stderr[-4000:]}"
