@@ -51,7 +51,7 @@ _POLL_S = 0.2
 _STARTUP_S = 120.0  # a fresh interpreter imports torch + transformers and loads the drafter
 # SSDStats counters the worker keeps (its totals for this generate call come back with every reply)
 _WORKER_COUNTERS = ("lookups", "hits", "trees", "tree_branches", "tree_steps", "inline_draft_s",
-                    "inline_draft_steps", "predraft_s", "draft_steps", "pruned_proposed")
+                    "inline_draft_steps", "predraft_s", "draft_steps", "pruned_proposed", "context_proposed")
 
 
 def _send(conn, obj) -> None:

@@ -335,6 +335,8 @@ class SSDCandidateGenerator(TrimmedCandidateGenerator):
     def _to_tokens(self, idx: torch.Tensor) -> torch.Tensor:
         """Draft indices -> target ids (RDK moves kept draws to a neighbour, exactly as in generation.py)."""
         tokens = self.vocab.ids[idx]
+        if self.vocab.num_context:  # (a device sync: skipped when there is nothing to count)
+            self.stats.context_proposed += int((idx >= self.vocab.k).sum())
         if self.rdk is not None:
             kept = idx < self.vocab.k
             if bool(kept.any()):

@@ -135,22 +135,23 @@ def exact_marginals3(target, prompt, knobs) -> list[torch.Tensor]:
     return [p1, joint12.sum(0), p3]
 
 
-def check_ssd_lossless(target, session, knobs, n=N_DRAWS, seed=1234) -> dict:
-    exact = exact_marginals3(target, PROMPT, knobs)
+def check_ssd_lossless(target, session, knobs, n=N_DRAWS, seed=1234, prompt=PROMPT, min_hits=N_DRAWS // 10) -> dict:
+    exact = exact_marginals3(target, prompt, knobs)
     torch.manual_seed(seed)
-    L = PROMPT.shape[1]
+    L = prompt.shape[1]
     samples = torch.empty(n, 3, dtype=torch.long)
-    hits = lookups = 0
+    hits = lookups = context = 0
     for i in range(n):
-        seq = target.generate(PROMPT, attention_mask=torch.ones_like(PROMPT), do_sample=True, max_new_tokens=4,
+        seq = target.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True, max_new_tokens=4,
                               min_new_tokens=4, num_assistant_tokens=2, assistant_model=session,
                               **({"top_k": 0} | knobs))
         samples[i] = seq[0, L : L + 3]
         hits += session.last_stats.hits
         lookups += session.last_stats.lookups
+        context += session.last_stats.context_proposed
     result = {f"p{k + 1}": chi2_pvalue(samples[:, k], exact[k]) for k in range(3)}
-    result["hit_rate"] = hits / max(lookups, 1)
-    assert hits > n // 10, result  # the later tokens really came from cached branches
+    result["hit_rate"], result["context_proposed"] = hits / max(lookups, 1), context
+    assert hits > min_hits, result  # the later tokens really came from cached branches
     for k in range(3):
         assert result[f"p{k + 1}"] >= PVALUE_THRESHOLD, result
     return result
@@ -173,6 +174,18 @@ def test_sampling_saguaro_with_temperature_topk_topp_is_lossless(pair):
     target, drafter = pair
     with drafter.with_ssd(SSDConfig(fan_out=2, saguaro_scale=0.3, fallback=False)) as ssd:
         check_ssd_lossless(target, ssd, {"temperature": 0.7, "top_k": 20, "top_p": 0.9})
+
+
+def test_sampling_with_rdk_kernel_is_lossless():
+    """RDK composes: kept draws moved to pruned neighbours inside the tree, q_RDK = M^T q_C returned."""
+    from test_rdk import hand_kernel
+
+    target, base = make_pair("llama", seed=0, head_scale=25.0, noise=0.3)
+    drafter = hf_vocabspec.trim_drafter(base, [t for t in range(VOCAB) if t < 48])
+    drafter.set_rdk_kernel(hand_kernel(drafter, [50, 55, 60], moved=0.2))
+    with drafter.with_ssd(SSDConfig(fan_out=2, saguaro_scale=0.5, fallback=False)) as ssd:
+        check_ssd_lossless(target, ssd, {})
+        assert ssd.last_stats.pruned_proposed >= 0
 
 
 def test_saguaro_drafts_verified_against_the_unscaled_q_fail(pair, monkeypatch):
@@ -261,6 +274,17 @@ def test_worker_sampling_with_saguaro_is_lossless(pair):
     target, drafter = pair
     with drafter.with_ssd(SSDConfig(fan_out=2, saguaro_scale=0.5, fallback=False, mode="worker")) as ssd:
         check_ssd_lossless(target, ssd, {"temperature": 0.8})
+
+
+def test_worker_sampling_with_context_tokens_is_lossless():
+    """Context tokens in the worker: the main process mirrors the worker's draft space to scatter its law."""
+    from test_context_tokens import context_pair
+
+    target, drafter, prompt, _ = context_pair()
+    with drafter.with_ssd(SSDConfig(fan_out=2, fallback=False, mode="worker")) as ssd:
+        result = check_ssd_lossless(target, ssd, {"temperature": 0.9}, prompt=prompt, min_hits=5)
+        assert ssd.last_stats.mode == "worker"
+    assert result["context_proposed"] > 0  # pruned tokens from the prompt were drafted
 
 
 def test_killed_or_stuck_worker_raises_instead_of_hanging():
