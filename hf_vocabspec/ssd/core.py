@@ -34,7 +34,7 @@ Design (why it looks like this):
   for the rest of the call and says so (``stats.fell_back``, ``stats.fallback_reason`` and a warning).
 - Where the drafter runs: ``mode="sync"`` builds the tree inline (exact, measures hit rate and tree cost,
   never faster than ordinary SD on the same compute); ``mode="worker"`` runs the drafter in its own
-  spawned process with its own torch threads (see hf_vocabspec/_ssd_worker.py), overlapping the tree with
+  spawned process with its own torch threads (see hf_vocabspec/ssd/worker.py), overlapping the tree with
   the target's verification.
 """
 
@@ -48,9 +48,9 @@ from dataclasses import dataclass, field
 import torch
 from transformers.cache_utils import DynamicCache
 
-from .cost import expected_accepted_length
-from .drafter import TrimmedDrafter
-from .generation import _VALUE_ONLY, SpeculationStats, TrimmedCandidateGenerator
+from ..cost import expected_accepted_length
+from ..drafter import TrimmedDrafter
+from ..generation import _VALUE_ONLY, SpeculationStats, TrimmedCandidateGenerator
 
 _BACKUPS = ("neural", "none")
 _MODES = ("sync", "worker")
@@ -548,72 +548,3 @@ class SSDCandidateGenerator(TrimmedCandidateGenerator):
         self.stats.fell_back = True
         self.stats.fallback_reason = reason
         warnings.warn(f"hf_vocabspec: {reason}.", stacklevel=3)
-
-
-class SSDSession:
-    """What ``drafter.with_ssd(config)`` returns: pass it as ``assistant_model=``; ``close()`` (or leaving
-    the ``with`` block) stops the worker. ``config``/``generation_config``/``device`` are the drafter's,
-    so transformers' assistant checks see a drafter with the target's vocabulary."""
-
-    def __init__(self, drafter: TrimmedDrafter, config: SSDConfig | None = None):
-        if not isinstance(drafter, TrimmedDrafter):
-            raise TypeError(f"with_ssd needs a TrimmedDrafter; got {type(drafter).__name__}.")
-        if config is not None and not isinstance(config, SSDConfig):
-            raise TypeError(f"with_ssd takes an hf_vocabspec.ssd.SSDConfig; got {type(config).__name__}.")
-        self.drafter = drafter
-        self.ssd_config = config or SSDConfig()
-        self.last_stats: SSDStats | None = None
-        self.closed = False
-        self.worker = None
-        if self.ssd_config.mode == "worker":
-            from ._ssd_worker import DraftWorker
-
-            self.worker = DraftWorker(drafter, self.ssd_config)
-
-    @property
-    def config(self):
-        return self.drafter.config
-
-    @property
-    def generation_config(self):
-        return self.drafter.generation_config
-
-    @property
-    def device(self):
-        return self.drafter.device
-
-    def _hf_vocabspec_candidate_generator(self, *, input_ids, generation_config, model_kwargs, inputs_tensor=None,
-                                          logits_processor=None, target_vocab_size=None, **_unused):
-        """Factory called by hf_vocabspec.generation's routing of ``assistant_model=``."""
-        if self.closed:
-            raise RuntimeError("This SSD session is closed: create a new one with drafter.with_ssd(config).")
-        if self.worker is not None:
-            from ._ssd_worker import WorkerCandidateGenerator
-
-            gen = WorkerCandidateGenerator(input_ids, self.drafter, generation_config, model_kwargs, inputs_tensor,
-                                           logits_processor, target_vocab_size, ssd_config=self.ssd_config,
-                                           worker=self.worker)
-        else:
-            gen = SSDCandidateGenerator(input_ids, self.drafter, generation_config, model_kwargs, inputs_tensor,
-                                        logits_processor, target_vocab_size, ssd_config=self.ssd_config)
-        self.last_stats = gen.stats
-        return gen
-
-    def close(self) -> None:
-        """Stop the worker (idempotent)."""
-        self.closed = True
-        if self.worker is not None:
-            self.worker.close()
-            self.worker = None
-
-    def __enter__(self) -> SSDSession:  # noqa: PYI034 - final in practice
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001, S110 - interpreter shutdown
-            pass

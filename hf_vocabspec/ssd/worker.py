@@ -5,7 +5,7 @@ threads serialise on the GIL, and ``torch.set_num_threads`` is process-global (s
 holds its own drafter copy (loaded from a temporary ``save_pretrained`` directory: safetensors), its own
 KV cache, torch threads (``SSDConfig.draft_threads``) and RNG (seeded per generate call from the main RNG).
 
-The worker is a fresh interpreter (``python -m hf_vocabspec._ssd_worker``) that connects back over an
+The worker is a fresh interpreter (``python -m hf_vocabspec.ssd.worker``) that connects back over an
 authenticated local socket: unlike multiprocessing's "spawn" it does not re-import the user's main script,
 so scripts without an ``if __name__ == "__main__"`` guard and notebooks work.
 
@@ -37,8 +37,8 @@ from multiprocessing.connection import Client, Listener
 
 import torch
 
-from .generation import TrimmedCandidateGenerator
-from .ssd import (
+from ..generation import TrimmedCandidateGenerator
+from .core import (
     SSDCandidateGenerator,
     SSDConfig,
     SSDStats,
@@ -142,7 +142,7 @@ class DraftWorker:
             authkey = secrets.token_bytes(32)
             listener = Listener(family="AF_UNIX", authkey=authkey)
             env = dict(os.environ, HF_VOCABSPEC_SSD_AUTHKEY=authkey.hex())
-            self.proc = subprocess.Popen([sys.executable, "-m", "hf_vocabspec._ssd_worker", listener.address], env=env)
+            self.proc = subprocess.Popen([sys.executable, "-m", "hf_vocabspec.ssd.worker", listener.address], env=env)
             self.conn = self._accept(listener)
             _send(self.conn, (self.tmp, flags, cfg))
             self.expect("ready")
