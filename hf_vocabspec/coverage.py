@@ -254,7 +254,9 @@ class TokenCounts:
             with safe_open(os.fspath(path), framework="pt") as f:
                 meta, names = f.metadata() or {}, list(f.keys())
                 if meta.get("format") != _FORMAT or "counts" not in names:
-                    raise ValueError(f"{not_ours}: format tag {meta.get('format')!r}, tensors {sorted(names)}.")
+                    shown = ", ".join(sorted(names)[:3]) + (f", ... ({len(names)} tensors)" if len(names) > 3 else "")
+                    looks = " It looks like model weights: pass those as --drafter." if len(names) > 3 else ""
+                    raise ValueError(f"{not_ours}: format tag {meta.get('format')!r}, tensors {shown}.{looks}")
                 counts = f.get_tensor("counts")
         except (ValueError, FileNotFoundError):
             raise
@@ -271,7 +273,8 @@ class TokenCounts:
         from .drafter import tokenizer_sha256
 
         name = getattr(tokenizer, "name_or_path", "") or "the given tokenizer"
-        fix = f"count again with it (`hf-vocabspec count --tokenizer {name}`) or pass the tokenizer the counts were made with"
+        how = f" (`hf-vocabspec count --tokenizer {name}`)" if getattr(tokenizer, "name_or_path", "") else ""
+        fix = f"count again with it{how} or pass the tokenizer the counts were made with"
         if self.tokenizer_sha256:
             if tokenizer_sha256(tokenizer) != self.tokenizer_sha256:
                 raise ValueError(f"{what} were counted with another tokenizer ({self.tokenizer_name!r}) than "

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
+import tempfile
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -241,11 +244,15 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
             raise VocabularyMapError(f"Vocabulary map has {d2t.numel()} entries but config.draft_vocab_size={k}. {fix}")
         if k == 0:
             raise VocabularyMapError(f"Vocabulary map is empty. {fix}")
-        if bool((d2t < 0).any()):
+        if bool((d2t < 0).all()):  # the unfilled buffer: the weights carried no map
             raise VocabularyMapError(
                 "The checkpoint has no draft->target vocabulary map (`d2t` buffer missing from the weights): "
                 f"refusing to guess one, since mapping draft ids to the first N target ids collapses acceptance. {fix}"
             )
+        if bool((d2t < 0).any()):
+            pos = int((d2t < 0).nonzero()[0, 0])
+            raise VocabularyMapError(f"Vocabulary map is corrupt: negative target id {int(d2t[pos])} at draft "
+                                     f"position {pos} (of {k}). {fix}")
         if bool((d2t >= v).any()):
             raise VocabularyMapError(f"Vocabulary map has ids >= vocab_size={v}. {fix}")
         if k > 1 and not bool((d2t[1:] > d2t[:-1]).all()):
@@ -327,11 +334,57 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
             kwargs["past_key_values"] = DynamicCache(config=self.model.config)
         return super().generate(*args, **kwargs)
 
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """Atomic: written to a temp sibling and swapped in, so an interrupted save leaves the old directory or
+        nothing, never a config without weights. Other files already there (a tokenizer, a card) are kept.
+        Inline rather than hf_vocabspec._io: this file ships with checkpoints (torch + transformers only)."""
+        if kwargs.get("push_to_hub"):
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        final = os.path.abspath(os.fspath(save_directory))
+        if os.path.isfile(final):
+            raise FileExistsError(f"{final!r} is a file: save a drafter to a directory.")
+        parent, name = os.path.split(final)
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)
+        old = None
+        try:
+            result = super().save_pretrained(tmp, *args, **kwargs)
+            if os.path.isdir(final):
+                for entry in os.listdir(final):  # keep what others wrote there, not stale weights or config
+                    stale = entry.endswith((".safetensors", ".py")) or entry in (
+                        "config.json", "generation_config.json", "model.safetensors.index.json")
+                    if not stale and not os.path.exists(os.path.join(tmp, entry)):
+                        src = os.path.join(final, entry)
+                        (shutil.copytree if os.path.isdir(src) else shutil.copy2)(src, os.path.join(tmp, entry))
+                old = os.path.join(parent, os.path.basename(tmp).replace(".tmp-", ".old-", 1))
+                os.replace(final, old)
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, final)
+        except BaseException:
+            if old is not None and not os.path.exists(final):
+                os.replace(old, final)  # the swap did not happen: the old directory goes back
+            raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        return result
+
     @classmethod
     def from_pretrained(cls, *args, **kwargs) -> TrimmedDrafter:
         """As ``PreTrainedModel.from_pretrained``, then refuse a checkpoint whose vocabulary map is bad."""
         want_info = kwargs.pop("output_loading_info", False)
-        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        where = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+        if where is not None and os.path.isdir(where) and not os.path.isfile(os.path.join(where, "config.json")):
+            raise FileNotFoundError(f"{os.fspath(where)!r} has no config.json: not a saved drafter (save one with "
+                                    "drafter.save_pretrained(dir)).")
+        try:
+            model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        except Exception as err:  # safetensors' SafetensorError (not an OSError) for a cut or corrupt file
+            if type(err).__name__ != "SafetensorError":
+                raise
+            raise OSError(f"The drafter's weights file in {os.fspath(where)!r} is truncated or corrupt ({err}): "
+                          "copy or download it again, or re-save the drafter.") from err
         if any(key == "d2t" or key.endswith(".d2t") for key in info.get("missing_keys", ())):
             raise VocabularyMapError(
                 "The checkpoint has no draft->target vocabulary map (`d2t` missing from the weights): refusing to "
@@ -422,6 +475,32 @@ def special_token_ids(model: PreTrainedModel | None = None, tokenizer=None) -> l
     return sorted(ids)
 
 
+def check_tokenizer_belongs(model: PreTrainedModel, tokenizer) -> None:
+    """Refuse a tokenizer that cannot be ``model``'s: ids beyond its embedding, far fewer tokens than its rows
+    (padding to a multiple is common, a different tokenizer family is not), or BOS/EOS ids the model does not
+    use. Kept ids and special tokens come from the tokenizer, so a wrong one silently trims the wrong rows."""
+    name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+    rows = model.get_input_embeddings().weight.shape[0]
+    n = len(tokenizer) if hasattr(tokenizer, "__len__") else rows  # duck-typed tokenizers: special ids only
+    fix = "pass the tokenizer that belongs to this drafter (the target's, which the drafter shares)."
+    if n > rows:
+        raise ValueError(f"Tokenizer {name!r} has {n} tokens but the drafter's embedding has only {rows} rows: {fix}")
+    if rows - n > max(1024, rows // 64):
+        raise ValueError(f"Tokenizer {name!r} has {n} tokens but the drafter's embedding has {rows} rows (more than "
+                         f"padding): {fix}")
+    config = model.config.get_text_config()
+    gen = getattr(model, "generation_config", None)
+    for kind in ("bos", "eos"):
+        tok_id = getattr(tokenizer, f"{kind}_token_id", None)
+        ids = set()
+        for source in (config, gen):
+            value = getattr(source, f"{kind}_token_id", None) if source is not None else None
+            ids.update(value if isinstance(value, (list, tuple)) else [] if value is None else [value])
+        if tok_id is not None and ids and tok_id not in ids:
+            raise ValueError(f"Tokenizer {name!r} has {kind.upper()} id {tok_id} but the drafter's config uses "
+                             f"{sorted(ids)}: {fix}")
+
+
 def trim_drafter(
     model: PreTrainedModel,
     keep_token_ids: Sequence[int] | torch.Tensor,
@@ -450,6 +529,8 @@ def trim_drafter(
     ids = _as_id_list(keep_token_ids)
     if not ids:
         raise ValueError("keep_token_ids is empty: keep at least the tokens your workload uses.")
+    if tokenizer is not None:
+        check_tokenizer_belongs(model, tokenizer)
     bad = [i for i in ids if i < 0 or i >= full_vocab]
     if bad:
         raise ValueError(

@@ -377,6 +377,33 @@ class TrimmedCandidateGenerator(AssistedCandidateGenerator):
 
 
 _ORIGINAL_GET_CANDIDATE_GENERATOR = None
+_ORIGINAL_VALIDATE_GENERATION_MODE = None
+_FINGERPRINTS: dict[int, tuple[object, str]] = {}  # id(tokenizer) -> (tokenizer, sha256): hashed once per object
+
+
+def _check_trimmed_assistant(target, drafter: TrimmedDrafter, generation_config, mode_kwargs: dict) -> None:
+    """OUR errors for a trimmed drafter that cannot serve this target, raised before transformers' checks (which
+    would advise universal assisted decoding: the wrong fix, the drafter must share the target's tokenizer)."""
+    from .drafter import tokenizer_sha256
+
+    fix = "trim a drafter with the target's tokenizer: hf_vocabspec.trim_drafter(base, ids, tokenizer=target_tokenizer)."
+    n = getattr(generation_config, "num_assistant_tokens", None)
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ValueError(f"num_assistant_tokens must be a positive integer (got {n!r}): the drafter drafts that many "
+                         "tokens per round.")
+    target_vocab = target.config.get_text_config().vocab_size
+    if target_vocab != drafter.config.vocab_size:
+        raise VocabularyMapError(f"This trimmed drafter maps into a vocabulary of {drafter.config.vocab_size} tokens "
+                                 f"but the target has {target_vocab}: drafter and target must share a tokenizer; {fix}")
+    tokenizer = mode_kwargs.get("tokenizer")
+    recorded = drafter.config.target_tokenizer_sha256
+    if tokenizer is not None and recorded:
+        cached = _FINGERPRINTS.get(id(tokenizer))
+        if cached is None or cached[0] is not tokenizer:
+            cached = _FINGERPRINTS[id(tokenizer)] = (tokenizer, tokenizer_sha256(tokenizer))
+        if cached[1] != recorded:
+            raise VocabularyMapError(f"The tokenizer passed to generate() ({getattr(tokenizer, 'name_or_path', '')!r}) "
+                                     f"is not the one this drafter was trimmed with (tokenizer fingerprints differ); {fix}")
 # transformers versions whose `_get_candidate_generator` / `_assisted_decoding` contract this routing was read
 # from (keyword call, CandidateGenerator API); pyproject pins the same range.
 SUPPORTED_TRANSFORMERS = ((5, 18), (5, 24))
@@ -429,6 +456,19 @@ def install() -> None:
 
     _get_candidate_generator.__wrapped__ = original
     GenerationMixin._get_candidate_generator = _get_candidate_generator
+
+    global _ORIGINAL_VALIDATE_GENERATION_MODE  # issue #12: our mismatch errors before transformers' advice
+    original_validate = GenerationMixin._validate_generation_mode
+    _ORIGINAL_VALIDATE_GENERATION_MODE = original_validate
+
+    def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs, *args, **kwargs):
+        assistant = (generation_mode_kwargs or {}).get("assistant_model")
+        if isinstance(assistant, TrimmedDrafter):
+            _check_trimmed_assistant(self, assistant, generation_config, generation_mode_kwargs)
+        return original_validate(self, generation_mode, generation_config, generation_mode_kwargs, *args, **kwargs)
+
+    _validate_generation_mode.__wrapped__ = original_validate
+    GenerationMixin._validate_generation_mode = _validate_generation_mode
     _verify_head.install()  # issue #15: verify-time LM head for these calls only (verify_head.py)
 
 
@@ -440,6 +480,10 @@ def uninstall() -> None:
         return
     GenerationMixin._get_candidate_generator = _ORIGINAL_GET_CANDIDATE_GENERATOR
     _ORIGINAL_GET_CANDIDATE_GENERATOR = None
+    global _ORIGINAL_VALIDATE_GENERATION_MODE
+    if _ORIGINAL_VALIDATE_GENERATION_MODE is not None:
+        GenerationMixin._validate_generation_mode = _ORIGINAL_VALIDATE_GENERATION_MODE
+        _ORIGINAL_VALIDATE_GENERATION_MODE = None
     _verify_head.uninstall()  # issue #15
 
 

@@ -150,7 +150,7 @@ def _run(block: Block, tmp_path: Path, extra_env: dict | None = None) -> subproc
     script.write_text(program(block))
     env = {**os.environ, **(extra_env or {})}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    return subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, check=False,
                           timeout=1800)
 
 

@@ -70,7 +70,7 @@ def test_rdk_drafter_loads_with_trust_remote_code_without_the_package(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["HF_MODULES_CACHE"] = str(tmp_path / "modules")  # a fresh copy of the shipped code, not a cached one
     proc = subprocess.run([sys.executable, "-c", FRESH, str(tmp_path / "drafter"), str(tmp_path / "target")],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+                          cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=600)
     assert proc.returncode == 0 and "STANDALONE-OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
     rdk_line = next(line for line in proc.stdout.splitlines() if line.startswith("RDK"))
     assert rdk_line == f"RDK {int(saved['rdk_targets'].sum())} {float(saved['rdk_weights'].double().sum())}"

@@ -189,7 +189,7 @@ def cmd_trim(args) -> int:
 
     from .._io import atomic_directory
 
-    atomic_directory(out, build, shared=False)
+    atomic_directory(out, build)
     drafter, k, result, measured, keep = (state[n] for n in ("drafter", "k", "result", "measured", "keep"))
     k_kept = drafter.config.draft_vocab_size
     speedup = measured.seconds[1] / measured.seconds[0]

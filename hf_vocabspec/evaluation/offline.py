@@ -212,7 +212,7 @@ def _check_local(name: str, what: str) -> None:
             raise FileNotFoundError(f"No such {what} file or directory: {name!r} (check the path; Hub ids look "
                                     f"like 'owner/name', offline names like 'offline:sharegpt').")
         return
-    if what == "model" and path.is_file():
+    if what in ("model", "tokenizer") and path.is_file():
         kind = "a file"
         try:
             from safetensors import safe_open
@@ -222,9 +222,11 @@ def _check_local(name: str, what: str) -> None:
                     kind = "an hf_vocabspec counts file (pass it as --counts)"
         except Exception:  # noqa: BLE001, S110 (not safetensors: just a file)
             pass
-        raise ValueError(f"{name!r} is {kind}, not a model: pass a model directory (with config.json), a Hub id "
+        raise ValueError(f"{name!r} is {kind}, not a {what}: pass a model directory (with config.json), a Hub id "
                          f"or an offline name.")
-    if what == "model" and path.is_dir() and not (path / "config.json").is_file():
+    tokenizer_files = ("tokenizer_config.json", "tokenizer.json")
+    if what in ("model", "tokenizer") and path.is_dir() and not (path / "config.json").is_file() and not any(
+            (path / f).is_file() for f in tokenizer_files):  # a tokenizer-only folder is a fine --tokenizer
         raise FileNotFoundError(f"{name!r} has no config.json: pass the directory a model was saved to "
                                 f"(save_pretrained), a Hub id or an offline name.")
 
@@ -235,7 +237,6 @@ def resolve_model_path(name_or_path: str) -> str:
     The directory's ``hf_vocabspec_offline.json`` records the origin (package, version, GGUF sha256).
     """
     if not is_offline_name(name_or_path):
-        _check_local(name_or_path, "model")
         return name_or_path
     key = _key(name_or_path, _MODELS, "model")
     final = cache_dir() / _CACHE_VERSION / "models" / key
@@ -246,6 +247,7 @@ def load_tokenizer(name_or_path: str, **kwargs: Any) -> PreTrainedTokenizerBase:
     """``AutoTokenizer.from_pretrained`` on the resolved path; an offline name stays its ``name_or_path``."""
     from transformers import AutoTokenizer
 
+    _check_local(name_or_path, "tokenizer")
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(name_or_path), **kwargs)
     if is_offline_name(name_or_path):  # record a portable name, not this machine's cache path
         tokenizer.name_or_path = name_or_path
@@ -260,7 +262,12 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, **kwargs: 
     """
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(name_or_path), dtype=dtype, **kwargs)
+    _check_local(name_or_path, "model")
+    path = resolve_model_path(name_or_path)
+    if Path(path).is_dir() and not (Path(path) / "config.json").is_file():
+        raise FileNotFoundError(f"{name_or_path!r} has no config.json: pass the directory a model was saved to "
+                                f"(save_pretrained), a Hub id or an offline name.")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
     if is_offline_name(name_or_path):
         model.config.name_or_path = name_or_path
     return model
@@ -380,7 +387,12 @@ def load_chat_dataset(name_or_path: str, split: str = "train", **kwargs: Any) ->
         builder = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}.get(exts[-1] if exts else "")
         if builder is None:
             raise ValueError(f"Unsupported data file {path}: use .json, .jsonl, .parquet or .csv.")
-        ds = datasets.load_dataset(builder, data_files=str(path), split=split, **kwargs)
+        try:
+            ds = datasets.load_dataset(builder, data_files=str(path), split=split, **kwargs)
+        except ValueError as err:
+            if "corresponds to no data" not in str(err):
+                raise
+            ds = []
         if len(ds) == 0:
             raise ValueError(f"Dataset file {name_or_path!r} holds no rows: it needs conversations with a "
                              f"'messages' list.")
