@@ -84,6 +84,18 @@ _SELECTION_TABLE_SKIP = ("pareto", "trials", "token_ids", "eval_results", "setti
 _ORIGINS: dict[str, dict] = {}
 
 
+def _provide_origins(name: str) -> None:
+    """``offline:`` names belong to the evaluation tooling, which registers their origins on import: load it by
+    name when such a name is first seen (a namespace provider, not a dependency of the core)."""
+    if isinstance(name, str) and name.startswith("offline:") and name not in _ORIGINS:
+        import importlib
+
+        try:
+            importlib.import_module("hf_vocabspec.evaluation.offline")
+        except ImportError:  # tooling unavailable: the name stays unknown
+            pass
+
+
 def register_origin(name: str, hub_id: str | None, license: str | None = None) -> None:
     """Record the Hub id (and licence) a local/offline model or dataset name stands for, for model cards."""
     _ORIGINS[name] = {"hub_id": hub_id, "license": license}
@@ -99,6 +111,7 @@ def model_origin(name: str | None) -> dict:
     out = {"hub_id": None, "license": None}
     if not name or not isinstance(name, str):
         return out
+    _provide_origins(name)
     if name in _ORIGINS:
         return dict(_ORIGINS[name])
     path = Path(name).expanduser()
@@ -207,6 +220,7 @@ def eval_results_from_benchmark(report: dict | str | os.PathLike, kept_vocab: in
 def _dataset_type(dataset_name: str) -> str:
     """The Hub id a workload name starts with (offline names map to their source), else a slug of it."""
     head = dataset_name.split(" ")[0]
+    _provide_origins(head)
     if _ORIGINS.get(head, {}).get("hub_id"):
         return _ORIGINS[head]["hub_id"]
     if _is_hub_id(head):
@@ -263,6 +277,7 @@ def build_model_card(drafter: TrimmedDrafter, repo_id: str = "<repo-id>", *, lic
     if pareto is None:
         pareto = selection.get("pareto")
     dataset = selection.get("dataset")
+    _provide_origins(dataset)
     dataset_id = ((_ORIGINS.get(dataset, {}).get("hub_id") or dataset) if isinstance(dataset, str) else None)
     fingerprint = tokenizer_fingerprint or cfg.target_tokenizer_sha256
     inherited, license_sources = inherited_license(drafter)
