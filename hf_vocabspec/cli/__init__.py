@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from . import evaluation, pipeline, tune
+from ._common import UsageError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         print(f"hf-vocabspec {args.command}: error: {_one_line(err)} (--debug for the traceback)", file=sys.stderr)
-        return 2 if isinstance(err, pipeline.UsageError) else 1
+        return 2 if isinstance(err, UsageError) else 1
 
 
 if __name__ == "__main__":

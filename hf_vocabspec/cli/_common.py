@@ -31,6 +31,10 @@ def is_main_process() -> bool:
     return PartialState(cpu=True).is_main_process
 
 
+class UsageError(ValueError):
+    """A bad combination of command-line arguments found after parsing (exit status 2, like argparse's)."""
+
+
 def coverage_fraction(text: str) -> float:
     """argparse type: a coverage share in (0, 1] (checked on the command line, before any work)."""
     try:
@@ -57,8 +61,6 @@ def check_output_parent(path: str, option: str = "--output") -> None:
     """Refuse an output whose parent directory does not exist before any expensive work (a typo, usually)."""
     parent = Path(path).expanduser().resolve().parent
     if not parent.is_dir():
-        from .pipeline import UsageError
-
         raise UsageError(f"{option} {path}: the directory {str(parent)!r} does not exist (create it first or fix "
                          f"the path).")
 

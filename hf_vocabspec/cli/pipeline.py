@@ -9,6 +9,7 @@ import torch
 
 from ._common import (
     DTYPES,
+    UsageError,
     check_output_parent,
     count_for_args,
         is_main_process,
@@ -16,10 +17,6 @@ from ._common import (
     positive_int,
     selection_args,
 )
-
-
-class UsageError(ValueError):
-    """A bad combination of command-line arguments found after parsing (exit status 2, like argparse's)."""
 
 
 def measured_or_flops(model, ks, *, measure=None):
