@@ -250,6 +250,9 @@ class TokenCounts:
         """Load a file written by :meth:`save`; anything else is refused with a clear message."""
         not_ours = (f"{os.fspath(path)} is not an hf_vocabspec counts file (made by `hf-vocabspec count` / "
                     "TokenCounts.save)")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"No such counts file: {os.fspath(path)!r} (make one with `hf-vocabspec count "
+                                    "--output FILE` or fix the path).")
         try:
             with safe_open(os.fspath(path), framework="pt") as f:
                 meta, names = f.metadata() or {}, list(f.keys())

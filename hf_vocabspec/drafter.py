@@ -375,6 +375,10 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
         """As ``PreTrainedModel.from_pretrained``, then refuse a checkpoint whose vocabulary map is bad."""
         want_info = kwargs.pop("output_loading_info", False)
         where = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+        if isinstance(where, (str, os.PathLike)) and not os.path.exists(where) and (
+                os.fspath(where).startswith((".", "/", "~")) or os.fspath(where).count("/") > 1):
+            raise FileNotFoundError(f"No such drafter directory: {os.fspath(where)!r} (check the path; a Hub repo id "
+                                    "looks like 'owner/name').")
         if where is not None and os.path.isdir(where) and not os.path.isfile(os.path.join(where, "config.json")):
             raise FileNotFoundError(f"{os.fspath(where)!r} has no config.json: not a saved drafter (save one with "
                                     "drafter.save_pretrained(dir)).")

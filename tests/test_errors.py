@@ -302,3 +302,10 @@ def test_import_hands_out_the_pipeline_lazily():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_missing_counts_file_and_drafter_dir(capsys, tmp_path):
+    rc, err = run_cli(capsys, "select", "--counts", str(tmp_path / "missing.safetensors"))
+    assert rc == 1 and "No such counts file" in err and len(err.strip().splitlines()) == 1
+    rc, err = run_cli(capsys, "rdk-fit", "./no-such-drafter")
+    assert rc == 1 and "No such drafter directory: './no-such-drafter'" in err and "Repo id" not in err
