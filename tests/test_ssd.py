@@ -228,6 +228,14 @@ def test_sync_fallback_says_so_and_stays_exact():
     assert any("falling back" in str(w.message) for w in caught)
     assert 1 <= stats.trees <= 4 and stats.rounds > stats.trees  # no tree after the decision
     assert stats.trees == 1  # inline, glue + L tree steps cost more than L draft steps: decided after one round
+    # the session remembers: a later call drafts ordinarily from its first round, still exact
+    with drafter.with_ssd(SSDConfig(fan_out=3, probe_rounds=4)) as ssd, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        target.generate(PROMPT, do_sample=False, max_new_tokens=12, assistant_model=ssd)
+        again = target.generate(PROMPT, do_sample=False, max_new_tokens=40, min_new_tokens=40, assistant_model=ssd)
+    assert torch.equal(again, out)
+    assert ssd.last_stats.fell_back and "earlier call" in ssd.last_stats.fallback_reason
+    assert ssd.last_stats.trees == 0 and ssd.last_stats.rounds > 0
 
 
 def test_projection_formula():
@@ -291,7 +299,7 @@ def test_killed_or_stuck_worker_raises_instead_of_hanging():
     import signal
     import time
 
-    from hf_vocabspec._ssd_worker import SSDWorkerError
+    from hf_vocabspec.ssd.worker import SSDWorkerError
 
     target, base = make_pair("llama")
     drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)))
@@ -369,7 +377,7 @@ def test_bench_rows_have_hit_rate_and_measured_and_projected_speedups():
 
 
 def test_worker_fallback_rule_compares_the_measured_wait_with_inline_drafting():
-    from hf_vocabspec._ssd_worker import worker_fallback_reason
+    from hf_vocabspec.ssd.worker import worker_fallback_reason
 
     stats = SSDStats(mode="worker", rounds=8, lookups=7, hits=6, inline_draft_s=0.010, inline_draft_steps=5)
     stats.wait_s = 8 * 0.004  # 4 ms a round blocked on the worker < 5 x 2 ms to draft inline: SSD pays

@@ -6,6 +6,7 @@ object ``drafter.with_ssd(SSDConfig(...))`` returns (design and measurements: do
 from __future__ import annotations
 
 from ..drafter import TrimmedDrafter
+from ..generation import TrimmedCandidateGenerator
 from .core import (  # noqa: F401 (public names)
     SSDCandidateGenerator,
     SSDConfig,
@@ -33,6 +34,7 @@ class SSDSession:
         self.drafter = drafter
         self.ssd_config = config or SSDConfig()
         self.last_stats: SSDStats | None = None
+        self.fallback_reason: str | None = None  # set once a call fell back: later calls draft ordinarily
         self.closed = False
         self.worker = None
         if self.ssd_config.mode == "worker":
@@ -57,6 +59,20 @@ class SSDSession:
         """Factory called by hf_vocabspec.generation's routing of ``assistant_model=``."""
         if self.closed:
             raise RuntimeError("This SSD session is closed: create a new one with drafter.with_ssd(config).")
+        if self.last_stats is not None and self.last_stats.fell_back and self.fallback_reason is None:
+            self.fallback_reason = self.last_stats.fallback_reason
+        if self.fallback_reason is not None and self.ssd_config.fallback:
+            # An earlier call measured that SSD cannot pay with this drafter on this machine: draft ordinarily from
+            # the first round (re-probing every call would pay the probe rounds again each time).
+            gen = TrimmedCandidateGenerator(input_ids, self.drafter, generation_config, model_kwargs, inputs_tensor,
+                                            logits_processor, target_vocab_size)
+            if self.ssd_config.num_assistant_tokens is not None:
+                gen.num_assistant_tokens = self.ssd_config.num_assistant_tokens
+            gen.stats = SSDStats(mode=self.ssd_config.mode, fell_back=True,
+                                 fallback_reason=f"an earlier call of this session fell back ({self.fallback_reason})")
+            self.drafter.last_speculation_stats = gen.stats
+            self.last_stats = gen.stats
+            return gen
         if self.worker is not None:
             from .worker import WorkerCandidateGenerator
 
