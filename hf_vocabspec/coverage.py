@@ -23,7 +23,10 @@ from safetensors.torch import save_file
 
 from ._io import atomic_write
 
-_ASSISTANT_ROLES = frozenset({"assistant", "gpt", "chatgpt", "bing", "bard", "model"})
+# Speaker names of chat formats -> the role they play (messages' "role", ShareGPT's "from"): the one table.
+CHAT_ROLES = {"user": "user", "human": "user", "system": "system", "assistant": "assistant", "gpt": "assistant",
+              "chatgpt": "assistant", "bing": "assistant", "bard": "assistant", "model": "assistant"}
+_ASSISTANT_ROLES = frozenset(name for name, role in CHAT_ROLES.items() if role == "assistant")
 _SENTINEL = "XQZSENTINELQZX"
 _PAD = " \n"  # whitespace around the probe's content: survives only in templates that do not trim
 _KNOWN_END_MARKERS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "</s>")

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .._io import build_once
+from ..coverage import CHAT_ROLES
 from ..hub import register_origin
 
 if TYPE_CHECKING:
@@ -276,9 +277,6 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, **kwargs: 
 # --- datasets -----------------------------------------------------------------------------------------
 # What the file holds: gpt 67,594, human 61,420, system 41, chatgpt 8, bing 4, bard 2, user 2 turns.
 # chatgpt/bing/bard turns are pasted replies of other assistants: still assistant turns.
-_SHAREGPT_ROLES = {"human": "user", "user": "user", "system": "system",
-                   "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant",
-                   "assistant": "assistant"}
 
 
 def _sharegpt_records(path: Path) -> Iterator[dict]:
@@ -301,8 +299,8 @@ def _sharegpt_records(path: Path) -> Iterator[dict]:
 def _sharegpt_rows(pkg: Path) -> Iterator[dict]:
     """Columns id, messages. Unknown speakers are dropped; 126 records have no turns (kept, empty)."""
     for rec in _sharegpt_records(pkg / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"):
-        messages = [{"role": _SHAREGPT_ROLES[t["from"]], "content": t.get("value") or ""}
-                    for t in rec.get("conversations") or [] if t.get("from") in _SHAREGPT_ROLES]
+        messages = [{"role": CHAT_ROLES[t["from"]], "content": t.get("value") or ""}
+                    for t in rec.get("conversations") or [] if t.get("from") in CHAT_ROLES]
         yield {"id": str(rec.get("id", "")), "messages": messages}
 
 
