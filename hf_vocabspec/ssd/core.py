@@ -273,6 +273,15 @@ def full_log_q(drafts: _Drafts, ids: torch.Tensor, k: int, rdk, vocab_size: int)
     return full.log()
 
 
+def record_outcome(gen, input_ids: torch.LongTensor, num_matches: int) -> None:
+    """A round's verification outcome (accepted length, bonus token, sequence length) and the time the target
+    took since ``get_candidates`` returned; shared by the inline and the worker generators."""
+    if gen._t_returned is not None:
+        gen.stats.verify_s += time.perf_counter() - gen._t_returned
+        gen._t_returned = None
+    gen.outcome = (int(num_matches), int(input_ids[0, -1]), input_ids.shape[1])
+
+
 class SSDCandidateGenerator(TrimmedCandidateGenerator):
     """Synchronous SSD: tree pre-drafting inline after each round; also the worker process's engine."""
 
@@ -525,11 +534,8 @@ class SSDCandidateGenerator(TrimmedCandidateGenerator):
         return result
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int):
-        if self._t_returned is not None:
-            self.stats.verify_s += time.perf_counter() - self._t_returned
-            self._t_returned = None
+        record_outcome(self, input_ids, num_matches)
         super().update_candidate_strategy(input_ids, scores, num_matches)
-        self.outcome = (int(num_matches), int(input_ids[0, -1]), input_ids.shape[1])
         self._maybe_fall_back()
 
     def _maybe_fall_back(self, compute: str = "sync") -> None:

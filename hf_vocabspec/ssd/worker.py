@@ -44,6 +44,7 @@ from .core import (
     SSDStats,
     _Drafts,
     full_log_q,
+    record_outcome,
     should_fall_back,
 )
 
@@ -297,11 +298,8 @@ class WorkerCandidateGenerator(TrimmedCandidateGenerator):
         return result
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int):
-        if self._t_returned is not None:
-            self.stats.verify_s += time.perf_counter() - self._t_returned
-            self._t_returned = None
+        record_outcome(self, input_ids, num_matches)
         super().update_candidate_strategy(input_ids, scores, num_matches)
-        self.outcome = (int(num_matches), int(input_ids[0, -1]), input_ids.shape[1])
         cfg = self.ssd_config
         if self.active and cfg.fallback and self.stats.rounds == cfg.probe_rounds:
             reason = worker_fallback_reason(self.stats, self.num_assistant_tokens)
