@@ -99,14 +99,21 @@ def model_body(model: PreTrainedModel) -> nn.Module:
     return body
 
 
+def check_draft_length(num_assistant_tokens: object) -> None:
+    """Refuse a draft length that is not a positive integer (the drafter drafts that many tokens per round)."""
+    n = num_assistant_tokens
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"num_assistant_tokens must be a positive integer (got {n!r}): the drafter drafts that many "
+                         "tokens per round.")
+
+
 def set_draft_length(generation_config: GenerationConfig, num_assistant_tokens: int) -> GenerationConfig:
     """Draft exactly ``num_assistant_tokens`` tokens every round: constant schedule, no confidence stop.
 
     The one place an assistant's drafting schedule is set (trimmed drafters and HF-assisted baselines alike),
     so methods compared side by side draft the same way.
     """
-    if isinstance(num_assistant_tokens, bool) or not isinstance(num_assistant_tokens, int) or num_assistant_tokens < 1:
-        raise ValueError(f"num_assistant_tokens must be a positive integer (got {num_assistant_tokens!r}).")
+    check_draft_length(num_assistant_tokens)
     generation_config.num_assistant_tokens = num_assistant_tokens
     generation_config.num_assistant_tokens_schedule = "constant"
     generation_config.assistant_confidence_threshold = DEFAULT_CONFIDENCE_THRESHOLD

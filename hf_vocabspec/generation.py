@@ -384,13 +384,12 @@ _FINGERPRINTS: dict[int, tuple[object, str]] = {}  # id(tokenizer) -> (tokenizer
 def _check_trimmed_assistant(target, drafter: TrimmedDrafter, generation_config, mode_kwargs: dict) -> None:
     """OUR errors for a trimmed drafter that cannot serve this target, raised before transformers' checks (which
     would advise universal assisted decoding: the wrong fix, the drafter must share the target's tokenizer)."""
-    from .drafter import tokenizer_sha256
+    from .drafter import check_draft_length, tokenizer_sha256
 
     fix = "trim a drafter with the target's tokenizer: hf_vocabspec.trim_drafter(base, ids, tokenizer=target_tokenizer)."
     n = getattr(generation_config, "num_assistant_tokens", None)
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-        raise ValueError(f"num_assistant_tokens must be a positive integer (got {n!r}): the drafter drafts that many "
-                         "tokens per round.")
+    if n is not None:
+        check_draft_length(n)
     target_vocab = target.config.get_text_config().vocab_size
     if target_vocab != drafter.config.vocab_size:
         raise VocabularyMapError(f"This trimmed drafter maps into a vocabulary of {drafter.config.vocab_size} tokens "
