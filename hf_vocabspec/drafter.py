@@ -9,7 +9,9 @@ mapping draft ids to the first N target ids (the classic acceptance-collapse bug
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import json
 import os
 import shutil
@@ -97,6 +99,23 @@ def model_body(model: PreTrainedModel) -> nn.Module:
     if body is None or body is model:
         body = model.get_decoder()
     return body
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_takes_cache(cls: type) -> bool:
+    return "cache" in inspect.signature(cls.forward).parameters
+
+
+def cache_kwarg(model: nn.Module) -> str:
+    """The name the installed transformers gives the KV cache in a model forward: ``cache`` from 5.24 on
+    (``past_key_values`` still works there with a FutureWarning), ``past_key_values`` before."""
+    return "cache" if _forward_takes_cache(type(model)) else "past_key_values"
+
+
+def output_cache(out):
+    """The cache a model forward returned (``out.cache`` from transformers 5.24, ``out.past_key_values`` before)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else getattr(out, "past_key_values", None)
 
 
 def check_draft_length(num_assistant_tokens: object) -> None:
@@ -316,29 +335,33 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
+        cache=None,
         **kwargs: Any,
     ) -> CausalLMOutputWithPast:
+        cache = cache if cache is not None else past_key_values  # transformers 5.24 names it `cache`
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
+            **{cache_kwarg(self.model): cache},
             **kwargs,
         )
         hidden = out.last_hidden_state
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             hidden = hidden[:, -logits_to_keep:]
         logits = self.scatter_to_target(self.draft_logits(hidden).float())
-        return CausalLMOutputWithPast(logits=logits, past_key_values=out.past_key_values)
+        cache_field = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+        return CausalLMOutputWithPast(logits=logits, **{cache_field: output_cache(out)})
 
     def generate(self, *args, **kwargs):
         """Standalone generation (not the speculative hot path): give HF a cache built from the body config."""
-        if kwargs.get("past_key_values") is None and kwargs.get("use_cache", True):
+        name = cache_kwarg(self.model)
+        if kwargs.get(name) is None and kwargs.get("use_cache", True):
             from transformers.cache_utils import DynamicCache
 
-            kwargs["past_key_values"] = DynamicCache(config=self.model.config)
+            kwargs[name] = DynamicCache(config=self.model.config)
         return super().generate(*args, **kwargs)
 
     def save_pretrained(self, save_directory, *args, **kwargs):

@@ -11,8 +11,8 @@ a candidate replaces ``F.linear`` only if its median beats it by a margin. One r
 than ``MAX_ROWS`` rows (prefill), other devices than CPU/CUDA, autograd, and non-``nn.Linear`` heads
 (quantised layers, accelerate-offloaded heads) keep the original head.
 
-Scope: :func:`install` wraps ``GenerationMixin._assisted_decoding`` so the head is replaced only while a
-generate call drafts with a :class:`~hf_vocabspec.drafter.TrimmedDrafter` (or an hf_vocabspec session
+Scope: the generation seam (:mod:`hf_vocabspec.generation.hooks`) enters :func:`verify_head` so the head is
+replaced only while a generate call drafts with a :class:`~hf_vocabspec.drafter.TrimmedDrafter` (or an hf_vocabspec session
 object such as SSD's) whose ``use_verify_head`` is on, and restored in ``finally``. Only the head module's
 ``forward`` is swapped: architecture transforms the causal-LM class applies AFTER the head (Gemma's
 ``final_logit_softcapping``) still apply, and a tied weight is read at call time, so ties hold.
@@ -22,12 +22,9 @@ the same order as HF's own verify-vs-decode difference); verification stays exac
 
 from __future__ import annotations
 
-import functools
-import inspect
 import statistics
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -36,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .drafter import TrimmedDrafter
+from .drafter import TrimmedDrafter, cache_kwarg
 
 # Row counts above this are prefill-like: GEMM kernels are efficient there, keep the original head.
 MAX_ROWS = 64
@@ -111,12 +108,6 @@ def kernel_choices() -> list[KernelChoice]:
     """Every choice made (or in trial) in this process."""
     with _LOCK:
         return list(_CHOICES.values())
-
-
-def clear_kernel_choices() -> None:
-    """Forget all choices (the next calls trial again), e.g. after changing torch's thread count."""
-    with _LOCK:
-        _CHOICES.clear()
 
 
 def _key(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> HeadKey:
@@ -224,55 +215,6 @@ def wants_verify_head(assistant) -> bool:
     return False
 
 
-_ORIGINAL_ASSISTED_DECODING = None
-
-
-def install() -> None:
-    """Wrap ``GenerationMixin._assisted_decoding`` so hf_vocabspec generate calls verify with this head.
-
-    Idempotent; called by :func:`hf_vocabspec.generation.install`. The wrapper keeps the original signature
-    (transformers inspects it for ``inputs_tensor``) and finds ``assistant_model`` by name or position.
-    """
-    global _ORIGINAL_ASSISTED_DECODING
-    from transformers import GenerationMixin
-
-    if _ORIGINAL_ASSISTED_DECODING is not None:
-        return
-    original = getattr(GenerationMixin, "_assisted_decoding", None)
-    try:
-        signature = inspect.signature(original)
-        signature.parameters["assistant_model"]
-    except (TypeError, ValueError, KeyError):
-        warnings.warn("hf_vocabspec: this transformers version's _assisted_decoding has no `assistant_model` "
-                      "argument; the verify-time LM head is not used.", stacklevel=2)
-        return
-
-    @functools.wraps(original)
-    def _assisted_decoding(self, *args, **kwargs):
-        assistant = kwargs.get("assistant_model")
-        if assistant is None and args:
-            try:
-                assistant = signature.bind_partial(self, *args, **kwargs).arguments.get("assistant_model")
-            except TypeError:
-                assistant = None
-        with verify_head(self, enabled=wants_verify_head(assistant)):
-            return original(self, *args, **kwargs)
-
-    _ORIGINAL_ASSISTED_DECODING = original
-    GenerationMixin._assisted_decoding = _assisted_decoding
-
-
-def uninstall() -> None:
-    """Give transformers back its own ``_assisted_decoding``."""
-    global _ORIGINAL_ASSISTED_DECODING
-    from transformers import GenerationMixin
-
-    if _ORIGINAL_ASSISTED_DECODING is None:
-        return
-    GenerationMixin._assisted_decoding = _ORIGINAL_ASSISTED_DECODING
-    _ORIGINAL_ASSISTED_DECODING = None
-
-
 @dataclass
 class VerifyLatency:
     """Target forward latency per number of new positions (1 = a decode step, L+1 = a verify step).
@@ -322,7 +264,7 @@ def measure_verify_latency(target: nn.Module, rows: tuple[int, ...] = (6,), cont
     cache = DynamicCache(config=target.config)
     if hasattr(cache, "activate_past_recording"):
         cache.activate_past_recording()  # sliding-window layers must be croppable back after each forward
-    target(input_ids=context, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    target(input_ids=context, use_cache=True, logits_to_keep=1, **{cache_kwarg(target): cache})
     widths = (1, *rows)
     ms: dict[int, list[float]] = {n: [] for n in widths}
     head = _eligible_head(target)
@@ -336,7 +278,7 @@ def measure_verify_latency(target: nn.Module, rows: tuple[int, ...] = (6,), cont
             for n in widths:
                 _sync(device)
                 start = time.perf_counter()
-                target(input_ids=new[:, :n], past_key_values=cache, use_cache=True, logits_to_keep=n)
+                target(input_ids=new[:, :n], use_cache=True, logits_to_keep=n, **{cache_kwarg(target): cache})
                 _sync(device)
                 ms[n].append((time.perf_counter() - start) * 1e3)
                 cache.crop(-n)

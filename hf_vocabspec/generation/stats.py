@@ -1,0 +1,72 @@
+"""Counters of one ``generate`` call with an hf_vocabspec drafter (terms as in vLLM/NeMo).
+
+``add``, ``to_dict`` and ``from_dict`` are derived from the dataclass fields, so a new counter needs one line
+(here) and nothing else: numbers add, lists concatenate, text fields keep the latest non-empty value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SpeculationStats:
+    """What one generate call (or several, via :meth:`add`) did.
+
+    Batched calls (batch > 1, hf_vocabspec's own verification loop) count per row: ``proposed`` and
+    ``accepted`` sum over rows and rounds, ``row_rounds`` counts (row, round) pairs, so ``mean_accepted_length``
+    stays the per-row tau. ``decision`` says whether the batched loop speculated or fell back to plain decoding
+    (and why); the ``*_seconds`` fields split its wall time.
+    """
+
+    rounds: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    draft_steps: int = 0
+    pruned_proposed: int = 0  # RDK draws that landed on a pruned token
+    context_proposed: int = 0  # drafts of pruned tokens taken from the context (context tokens)
+    row_rounds: int = 0  # (row, round) pairs; equals rounds at batch 1
+    plain_steps: int = 0  # target-only decode steps of the batched loop (fallback or probe)
+    batch_size: int = 0
+    decision: str = ""  # batched loop: "speculate", "decode (...)", "forced ..."
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    realign_seconds: float = 0.0  # batched loop: cache realignment and row compaction
+    per_round_accepted: list[int] = field(default_factory=list)
+    per_round_proposed: list[int] = field(default_factory=list)
+
+    def add(self, other: SpeculationStats) -> SpeculationStats:
+        """Accumulate another call's counters into this one (lists are concatenated)."""
+        for f in dataclasses.fields(self):
+            if not hasattr(other, f.name):
+                continue
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, list):
+                mine.extend(theirs)
+            elif isinstance(mine, str):
+                setattr(self, f.name, theirs or mine)
+            elif f.name == "batch_size":
+                setattr(self, f.name, max(mine, theirs))
+            else:
+                setattr(self, f.name, mine + theirs)
+        return self
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SpeculationStats:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    @property
+    def acceptance_rate(self) -> float:
+        """accepted / proposed draft tokens."""
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """tau = 1 + accepted / verify rounds per row (counts the bonus token)."""
+        per = self.row_rounds or self.rounds
+        return 1.0 + self.accepted / per if per else 0.0
