@@ -14,6 +14,7 @@ from transformers import GenerationMixin, StoppingCriteria, StoppingCriteriaList
 
 import hf_vocabspec
 from hf_vocabspec import verify_head as vh
+from hf_vocabspec.generation import hooks
 
 PROMPT = torch.tensor([[1, 6, 9, 14]])
 
@@ -166,7 +167,7 @@ def test_quantised_or_hooked_heads_are_left_alone():
 def test_wrapper_keeps_signature_and_is_installed():
     params = inspect.signature(GenerationMixin._assisted_decoding).parameters
     assert "inputs_tensor" in params and "assistant_model" in params  # generate() inspects this signature
-    assert vh._ORIGINAL_ASSISTED_DECODING is not None
+    assert "_assisted_decoding" in hooks._ORIGINALS
 
 
 @pytest.mark.parametrize("kind", ["llama", "gemma3"])
@@ -232,13 +233,13 @@ def test_restored_after_an_exception_inside_generate(pair, forced):
 
 def test_uninstall_gives_back_the_original_and_install_is_idempotent():
     wrapped = GenerationMixin._assisted_decoding
-    vh.install()
+    hooks.install()
     assert GenerationMixin._assisted_decoding is wrapped
-    vh.uninstall()
+    hooks.uninstall()
     try:
         assert GenerationMixin._assisted_decoding is wrapped.__wrapped__
     finally:
-        vh.install()
+        hooks.install()
     assert GenerationMixin._assisted_decoding is not wrapped.__wrapped__
 
 

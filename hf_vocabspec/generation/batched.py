@@ -31,6 +31,7 @@ and decodes plainly when speculation does not pay; "on" / "off" force it. The de
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 
@@ -141,8 +142,10 @@ class _Drafter:
         return out
 
 
-def _apply(processors, sequences: list[torch.Tensor] | torch.Tensor, scores: torch.Tensor, batched: bool):
-    """Processors on (B, V) scores; per row with each row's own sequence unless every processor is value-only."""
+def _apply(processors, sequences: list[torch.Tensor] | torch.Tensor, scores: torch.Tensor, batched: bool,
+           per_row: list[list] | None = None):
+    """Processors on (B, V) scores; per row with each row's own sequence (and ``per_row[b]``, that row's view of
+    the processors) unless every processor is value-only."""
     if not processors:
         return scores
     if batched:
@@ -152,10 +155,27 @@ def _apply(processors, sequences: list[torch.Tensor] | torch.Tensor, scores: tor
     rows = []
     for b, seq in enumerate(sequences):
         row = scores[b : b + 1]
-        for proc in processors:
+        for proc in (per_row[b] if per_row is not None else processors):
             row = proc(seq[None], row)
         rows.append(row)
     return torch.cat(rows)
+
+
+def _row_views(processors, batch_size: int) -> list[list]:
+    """Each row's view of the processors: a processor holding a per-row tensor (HF's repetition penalty keeps each
+    row's padding length in ``prompt_ignore_length``) is copied with that tensor cut to the row."""
+    views = []
+    for b in range(batch_size):
+        row = []
+        for proc in processors:
+            sliced = {k: v[b : b + 1] for k, v in vars(proc).items()
+                      if isinstance(v, torch.Tensor) and v.dim() == 1 and v.shape[0] == batch_size and batch_size > 1}
+            if sliced:
+                proc = copy.copy(proc)
+                vars(proc).update(sliced)
+            row.append(proc)
+        views.append(row)
+    return views
 
 
 class BatchedSpeculation:
@@ -185,6 +205,7 @@ class BatchedSpeculation:
         self.max_new = int(generation_config.max_length) - P
         self.processors = list(logits_processor or [])
         self.value_only = all(is_value_only(p) for p in self.processors)
+        self.row_processors = None if self.value_only else _row_views(self.processors, B)
         self.stopping = [c for c in (stopping_criteria or []) if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))]
         self.drafter = _Drafter(assistant, bool(getattr(assistant, "use_context_tokens", False)))
         self.draft_processors = (draft_space_processors(self.processors, self.drafter.vocab)
@@ -239,7 +260,8 @@ class BatchedSpeculation:
         out = torch.empty_like(logits)
         for i in range(n):
             seqs = rows if i == 0 else [torch.cat([r, drafts[b, :i]]) for b, r in enumerate(rows)]
-            out[:, i] = _apply(self.processors, seqs, logits[:, i], batched=False)
+            views = [self.row_processors[b] for b in self.rows.tolist()]
+            out[:, i] = _apply(self.processors, seqs, logits[:, i], batched=False, per_row=views)
         return out
 
     # ---- one round ---------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .. import verify_head as _verify_head
 from ..drafter import TrimmedDrafter, VocabularyMapError, check_draft_length, tokenizer_sha256
+from ..rdk import drafter_kernel
 from .batched import SPECULATION_MODES, BatchedSpeculation
 from .candidates import TrimmedCandidateGenerator
 
@@ -132,7 +133,7 @@ def _batched(target, input_ids, logits_processor, stopping_criteria, generation_
                          "(hf_vocabspec.trim_drafter) or call generate once per prompt.")
     if streamer is not None:
         raise ValueError("Streamers support batch 1 (as in transformers): generate one prompt at a time to stream.")
-    if generation_config.do_sample and getattr(assistant, "use_rdk", False):
+    if generation_config.do_sample and getattr(assistant, "use_rdk", False) and drafter_kernel(assistant) is not None:
         raise ValueError("RDK sampling runs at batch 1: set drafter.use_rdk = False for batched generation, or "
                          "generate one prompt at a time.")
     for flag in ("output_attentions", "output_hidden_states", "output_scores", "output_logits"):

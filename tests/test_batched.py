@@ -1,0 +1,259 @@
+"""Batched speculative decoding (generation/batched.py): batch > 1 and num_return_sequences > 1 are lossless per row.
+
+Greedy: every row token-identical to batch-1 target-only decoding of that row's own (unpadded) prompt, on tiny
+float64 models (no float ties), for unequal prompt lengths, rows that stop early at EOS, and a sliding-window model
+(window 4) with prompts well past the window. Sampling: per-row first/second-token marginals against the exact
+target marginals of each row's prompt (tests/marginals.py threshold), with power checks: a wrong q and a row
+mix-up must fail.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from marginals import PVALUE_THRESHOLD, chi2_pvalue, exact_marginals
+from tiny import EOS, VOCAB, make_pair
+
+import hf_vocabspec
+from hf_vocabspec.generation import batched
+
+KEEP = sorted({i for i in range(VOCAB) if i % 3 != 1} | {1, EOS})
+
+
+def _pair(kind: str, dtype=torch.float64, length: int = 4, speculation: str = "on"):
+    target, base = make_pair(kind, head_scale=4.0, noise=0.05)
+    target, base = target.to(dtype), base.to(dtype)
+    drafter = hf_vocabspec.trim_drafter(base, KEEP).to(dtype)
+    drafter.generation_config.num_assistant_tokens = length
+    drafter.generation_config.batched_speculation = speculation
+    return target, drafter
+
+
+def _batch(lengths: list[int], seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    P = max(lengths)
+    ids = torch.zeros(len(lengths), P, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, n in enumerate(lengths):
+        ids[i, P - n :] = torch.randint(3, VOCAB, (n,), generator=g)
+        mask[i, P - n :] = 1
+    return ids, mask
+
+
+def _reference(target, ids, mask, **kw) -> list[list[int]]:
+    """Batch-1 target-only greedy of each row's own unpadded prompt."""
+    out = []
+    for row, m in zip(ids, mask):
+        prompt = row[m.bool()][None]
+        seq = target.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, **kw)
+        out.append(seq[0, prompt.shape[1] :].tolist())
+    return out
+
+
+def _rows(out, P, eos=None) -> list[list[int]]:
+    rows = []
+    for row in out[:, P:].tolist():
+        if eos is not None and eos in row:
+            row = row[: row.index(eos) + 1]
+        rows.append(row)
+    return rows
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])
+@pytest.mark.parametrize("lengths", [[5, 2], [3, 9, 14, 6, 1], [7, 12, 4, 16, 2, 9, 11, 5]])
+def test_greedy_rows_identical_to_batch_one(kind, lengths):
+    target, drafter = _pair(kind)
+    ids, mask = _batch(lengths)
+    out = target.generate(input_ids=ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=24,
+                          do_sample=False)
+    assert _rows(out, ids.shape[1], EOS) == _reference(target, ids, mask, max_new_tokens=24)
+    stats = drafter.last_speculation_stats
+    assert stats.batch_size == len(lengths) and stats.rounds > 0 and stats.decision.startswith("speculate")
+    assert stats.proposed == sum(stats.per_round_proposed) and stats.accepted == sum(stats.per_round_accepted)
+
+
+def test_rows_that_end_early_at_eos_get_pad_and_the_rest_go_on():
+    target, drafter = _pair("gemma3")
+    ids, mask = _batch([6, 10, 3, 8])
+    free = _reference(target, ids, mask, max_new_tokens=20)
+    eos = free[0][4]  # row 0 produces this token early: make it the end token
+    out = target.generate(input_ids=ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=20,
+                          do_sample=False, eos_token_id=eos, pad_token_id=0)
+    ref = _reference(target, ids, mask, max_new_tokens=20, eos_token_id=eos, pad_token_id=0)
+    P = ids.shape[1]
+    assert _rows(out, P, eos) == ref
+    for row, r in zip(out[:, P:].tolist(), ref):  # after its EOS a row holds only pad
+        assert row[len(r) :] == [0] * (len(row) - len(r))
+    assert len(ref[0]) <= 5 < max(len(r) for r in ref) and out.shape[1] - P == max(len(r) for r in ref)
+
+
+def test_sliding_window_prompts_far_past_the_window():
+    """Window 4 on two of three layers; prompts of 30-40 tokens, realignment shifts rows every round."""
+    target, drafter = _pair("gemma3", length=5)
+    ids, mask = _batch([40, 31, 35, 30], seed=3)
+    out = target.generate(input_ids=ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=30,
+                          do_sample=False)
+    assert _rows(out, ids.shape[1], EOS) == _reference(target, ids, mask, max_new_tokens=30)
+    assert drafter.last_speculation_stats.context_proposed >= 0
+
+
+def test_forced_off_is_plain_decoding_and_auto_decides_from_measurements():
+    target, drafter = _pair("llama", speculation="off")
+    ids, mask = _batch([5, 9, 3])
+    out = target.generate(input_ids=ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=12,
+                          do_sample=False)
+    ref = _reference(target, ids, mask, max_new_tokens=12)
+    assert _rows(out, ids.shape[1], EOS) == ref
+    stats = drafter.last_speculation_stats
+    assert stats.rounds == 0 and stats.plain_steps == 12 and stats.decision.startswith("decode (forced")
+    drafter.generation_config.batched_speculation = "auto"
+    out = target.generate(input_ids=ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=30,
+                          do_sample=False)
+    assert _rows(out, ids.shape[1], EOS) == _reference(target, ids, mask, max_new_tokens=30)
+    decision = drafter.last_speculation_stats.decision
+    assert decision.startswith(("speculate (measured", "decode (plain decoding")), decision
+    assert drafter.last_speculation_stats.plain_steps >= 1  # the probe step
+
+
+def test_num_return_sequences_greedy_needs_sampling_like_transformers():
+    target, drafter = _pair("llama")
+    ids, mask = _batch([5])
+    with pytest.raises(ValueError, match="num_return_sequences"):
+        target.generate(input_ids=ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=4,
+                        do_sample=False, num_return_sequences=3)
+
+
+# --- sampling: exact per-row marginals, batch > 1 and num_return_sequences > 1, with power checks ----------
+PROMPTS = [torch.tensor([1, 5, 7, 12, 9]), torch.tensor([1, 22, 40])]
+KNOBS = {"temperature": 0.9, "repetition_penalty": 3.0}  # the penalty makes p depend on each row's own context
+COPIES, CALLS = 50, 20  # 2 prompts x 50 sequences per call x 20 calls = 1000 draws per prompt
+
+
+def _sampled_pair():
+    target, base = make_pair("llama", head_scale=12.0)
+    with torch.no_grad():
+        p1 = target(PROMPTS[0][None]).logits[0, -1].softmax(-1)
+    order = [t for t in p1.argsort(descending=True).tolist() if t != EOS]
+    keep = sorted(set(range(VOCAB)) - set(order[1:12]))  # prune the 2nd..12th likeliest: the residual matters
+    drafter = hf_vocabspec.trim_drafter(base, keep)
+    drafter.generation_config.num_assistant_tokens = 2
+    drafter.generation_config.batched_speculation = "on"
+    return target, drafter
+
+
+def _draw(target, drafter, seed=7) -> list[torch.Tensor]:
+    torch.manual_seed(seed)
+    P = max(len(p) for p in PROMPTS)
+    ids = torch.zeros(len(PROMPTS), P, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(PROMPTS):
+        ids[i, P - len(p) :], mask[i, P - len(p) :] = p, 1
+    samples = [[] for _ in PROMPTS]
+    for _ in range(CALLS):
+        out = target.generate(input_ids=ids, attention_mask=mask, assistant_model=drafter, do_sample=True, top_k=0,
+                              max_new_tokens=3, min_new_tokens=3, num_return_sequences=COPIES, **KNOBS)
+        for i in range(len(PROMPTS)):  # HF's order: each prompt's copies are consecutive
+            samples[i].append(out[i * COPIES : (i + 1) * COPIES, P : P + 2])
+    return [torch.cat(s) for s in samples]
+
+
+def _pvalues(target, samples) -> list[float]:
+    out = []
+    for prompt, s in zip(PROMPTS, samples):
+        p1, p2 = exact_marginals(target, prompt[None], KNOBS)
+        out += [chi2_pvalue(s[:, 0], p1), chi2_pvalue(s[:, 1], p2)]
+    return out
+
+
+@pytest.fixture(scope="module")
+def sampled_pair():
+    return _sampled_pair()
+
+
+def test_sampling_marginals_exact_per_row(sampled_pair):
+    target, drafter = sampled_pair
+    pvalues = _pvalues(target, _draw(target, drafter))
+    assert min(pvalues) >= PVALUE_THRESHOLD, pvalues
+    assert drafter.last_speculation_stats.batch_size == len(PROMPTS) * COPIES
+
+
+def test_power_wrong_q_fails(sampled_pair, monkeypatch):
+    target, drafter = sampled_pair
+    original = batched.BatchedSpeculation._verify
+
+    def wrong_q(self, idx, q, drafts, p_logits):  # verify against a q the drafts were NOT drawn from
+        bent = q**3
+        return original(self, idx, bent / bent.sum(-1, keepdim=True), drafts, p_logits)
+
+    monkeypatch.setattr(batched.BatchedSpeculation, "_verify", wrong_q)
+    assert min(_pvalues(target, _draw(target, drafter))) < PVALUE_THRESHOLD
+
+
+def test_power_row_mix_up_fails(sampled_pair, monkeypatch):
+    """Each row's processors must see its OWN context: hand every row its neighbour's and the test must fail."""
+    target, drafter = sampled_pair
+    original = batched.BatchedSpeculation._row_sequences
+
+    def mixed(self):
+        rows = original(self)
+        return rows[len(rows) // 2 :] + rows[: len(rows) // 2]
+
+    monkeypatch.setattr(batched.BatchedSpeculation, "_row_sequences", mixed)
+    assert min(_pvalues(target, _draw(target, drafter))) < PVALUE_THRESHOLD
+
+
+# --- bad input: one line that names the fix, before any forward pass --------------------------------------
+def test_right_padded_batch_is_refused():
+    target, drafter = _pair("llama")
+    ids, mask = _batch([5, 3])
+    right = torch.stack([torch.roll(r, -int((m == 0).sum())) for r, m in zip(ids, mask)])
+    rmask = torch.stack([torch.roll(m, -int((m == 0).sum())) for m in mask])
+    with pytest.raises(ValueError, match="padding_side='left'"):
+        target.generate(input_ids=right, attention_mask=rmask, assistant_model=drafter, max_new_tokens=3)
+    with pytest.raises(ValueError, match="padding_side='left'"):  # batch 1 too
+        target.generate(input_ids=right[1:], attention_mask=rmask[1:], assistant_model=drafter, max_new_tokens=3)
+
+
+def test_bad_ids_and_empty_prompt_are_refused():
+    target, drafter = _pair("llama")
+    ids, mask = _batch([4, 4])
+    bad = ids.clone()
+    bad[1, -1] = VOCAB + 5
+    with pytest.raises(ValueError, match="outside the target's vocabulary"):
+        target.generate(input_ids=bad, attention_mask=mask, assistant_model=drafter, max_new_tokens=3)
+    empty = torch.zeros(1, 0, dtype=torch.long)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        target.generate(input_ids=empty, attention_mask=empty, assistant_model=drafter, max_new_tokens=3)
+
+
+def test_prompt_longer_than_the_models_positions_is_refused():
+    target, drafter = _pair("llama")
+    ids = torch.randint(3, VOCAB, (2, 300))
+    with pytest.raises(ValueError, match="at most 256 positions"):
+        target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), assistant_model=drafter, max_new_tokens=3)
+
+
+def test_drafter_for_another_vocabulary_is_refused_at_batch_two():
+    target, _ = _pair("llama")
+    from transformers import LlamaForCausalLM
+    from tiny import llama_config
+
+    other = hf_vocabspec.trim_drafter(LlamaForCausalLM(llama_config(vocab_size=VOCAB * 2)).eval(), list(range(40)))
+    ids, mask = _batch([4, 6])
+    with pytest.raises(hf_vocabspec.VocabularyMapError, match="share a tokenizer"):
+        target.generate(input_ids=ids, attention_mask=mask, assistant_model=other, max_new_tokens=3)
+
+
+def test_batch_only_refusals_name_the_fix():
+    target, drafter = _pair("llama")
+    ids, mask = _batch([4, 6])
+    from hf_vocabspec.rdk import identity_kernel
+
+    drafter.set_rdk_kernel(identity_kernel(drafter.d2t, VOCAB))
+    with pytest.raises(ValueError, match="use_rdk = False"):
+        target.generate(input_ids=ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=3, do_sample=True)
+    drafter.use_rdk = False
+    target.generate(input_ids=ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=3, do_sample=True)
+    drafter.generation_config.batched_speculation = "sometimes"
+    with pytest.raises(ValueError, match="batched_speculation"):
+        target.generate(input_ids=ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=3)
