@@ -296,6 +296,7 @@ def test_greedy_identical_on_real_prompts(mode):
             assert torch.equal(ref, out), tokenizer.decode(out[0, ids.shape[1]:])
             hits += ssd.last_stats.hits
             lookups += ssd.last_stats.lookups
+            assert ssd.last_stats.mode == mode  # worker: a real model's processors were rebuilt there
     assert lookups > 0 and hits / lookups > 0.3, (hits, lookups)
 
 
