@@ -161,8 +161,13 @@ class Channel:
     def __init__(self, sock: socket.socket):
         self.sock = sock
 
-    def send(self, msg) -> None:
-        self.sock.sendall(encode(msg))
+    def send(self, msg, timeout_s: float | None = None) -> None:
+        """Send one message (TimeoutError when the peer has not taken it within ``timeout_s``)."""
+        self.sock.settimeout(timeout_s)
+        try:
+            self.sock.sendall(encode(msg))
+        finally:
+            self.sock.settimeout(None)
 
     def recv(self, deadline: float | None = None, alive=None, poll_s: float = 0.2):
         """The next message. With a ``deadline`` (time.monotonic) raise TimeoutError past it, checking ``alive()``

@@ -156,8 +156,12 @@ class DraftWorker:
 
     def send(self, msg) -> None:
         self._check_alive()
+        limit = self.ssd_config.worker_timeout_s
         try:
-            self.channel.send(msg)
+            self.channel.send(msg, timeout_s=limit)
+        except TimeoutError:
+            raise SSDWorkerError(f"The SSD drafter worker did not read a request within {limit:.0f} s: raise "
+                                 "SSDConfig(worker_timeout_s=...) for a slow drafter, or use mode='sync'.") from None
         except OSError as err:
             raise self._dead_error() from err
 
