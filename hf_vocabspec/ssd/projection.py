@@ -93,8 +93,8 @@ def worker_fallback_reason(stats: SSDStats, num_draft_tokens: int) -> str | None
     worker), ordinary SD L t_d + t_v. t_v is not measured in an SSD run, so t_v' (verification next to the busy
     worker) stands in for it; where contention slows the target, that favours SSD, so a bench run should still
     compare against ordinary SD (README)."""
-    if stats.rounds == 0 or stats.inline_draft_steps == 0:
-        return should_fall_back(stats, num_draft_tokens, "neural", "dedicated")
+    if stats.rounds == 0 or stats.inline_draft_steps == 0:  # nothing measured to compare with yet
+        return None
     wait = stats.wait_s / stats.rounds
     jit = num_draft_tokens * stats.draft_step_s
     if wait <= jit:
