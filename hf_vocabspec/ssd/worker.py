@@ -12,7 +12,7 @@ safetensors bytes, versioned) and drives the same drafting API as the inline pat
 (:meth:`SSDCandidateGenerator.next_drafts` / :meth:`~SSDCandidateGenerator.predraft`).
 
 Failure: a dead worker, a reply missing past ``SSDConfig.worker_timeout_s`` or a protocol error makes the main
-process kill the worker and draft ordinarily in-process from that round on (same output; one warning); the
+process kill the worker and draft ordinarily in-process from that round on (still lossless; one warning); the
 session keeps drafting in-process afterwards. The worker exits when its connection closes.
 """
 
@@ -176,7 +176,8 @@ class DraftWorker:
         except (EOFError, OSError) as err:
             raise self._dead_error() from err
         if isinstance(got, p.Failed):
-            raise SSDWorkerError(f"The SSD drafter worker failed:\n{got.error}")
+            last = got.error.strip().splitlines()[-1] if got.error.strip() else "no traceback"
+            raise SSDWorkerError(f"The SSD drafter worker failed ({last}); its traceback:\n{got.error}")
         if not isinstance(got, kind):
             raise p.ProtocolError(f"SSD worker protocol error: expected {kind.__name__}, got {type(got).__name__}.")
         return got
@@ -258,8 +259,8 @@ class WorkerCandidateGenerator(TrimmedCandidateGenerator):
             self.active = False
             self.stats.fell_back = True
             self.stats.fallback_reason = f"the SSD drafter worker stopped ({reason})"
-            warnings.warn(f"hf_vocabspec: {self.stats.fallback_reason}; drafting in this process from here on, "
-                          "output unchanged.", stacklevel=4)
+            warnings.warn(f"hf_vocabspec: {self.stats.fallback_reason}; drafting in this process from here on "
+                          "(still lossless).", stacklevel=4)
             return None
 
     def _take(self, counters: dict) -> None:
