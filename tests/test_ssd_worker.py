@@ -194,27 +194,40 @@ def test_worker_killed_mid_generation_continues_in_process():
     assert proc.returncode == -signal.SIGKILL
 
 
-def test_worker_hung_mid_generation_is_given_up_after_the_timeout():
-    """The worker process sleeps in its third round of the second call: past worker_timeout_s it is killed."""
-    target, drafter = greedy_pair()
-    preamble = "\n".join([
+def _misbehaving_worker(action: str) -> tuple[str, ...]:
+    """A real worker that runs ``action`` in the 3rd round of its 2nd generate() call (one generator per call)."""
+    return _worker_argv("\n".join([
         "import time",
         "from hf_vocabspec.ssd.generator import SSDCandidateGenerator as G",
         "orig, seen = G.next_drafts, []",
-        "def slow(self, *a, **k):",  # one generator per generate() call: sleep in the 2nd one's 3rd round
+        "def patched(self, *a, **k):",
         "    if not seen or seen[-1][0] is not self:",
         "        seen.append([self, 0])",
         "    seen[-1][1] += 1",
         "    if len(seen) == 2 and seen[-1][1] == 3:",
-        "        time.sleep(600)",
+        f"        {action}",
         "    return orig(self, *a, **k)",
-        "G.next_drafts = slow",
-    ])
+        "G.next_drafts = patched",
+    ]))
+
+
+def test_worker_hung_mid_generation_is_given_up_after_the_timeout():
+    target, drafter = greedy_pair()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(DraftWorker, "argv", _worker_argv(preamble))
+        mp.setattr(DraftWorker, "argv", _misbehaving_worker("time.sleep(600)"))
         ssd = SSDSession(drafter, SSDConfig(fan_out=2, fallback=False, mode="worker", worker_timeout_s=2.0))
     with ssd:
         start = time.monotonic()
         proc = _continues_in_process(target, ssd, lambda proc: None)
         assert time.monotonic() - start < 60
     assert proc.returncode == -signal.SIGKILL  # it was still sleeping: killed, not asked
+
+
+def test_worker_failing_mid_generation_continues_in_process_and_says_why():
+    target, drafter = greedy_pair()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(DraftWorker, "argv", _misbehaving_worker("raise RuntimeError('drafter exploded')"))
+        ssd = SSDSession(drafter, SSDConfig(fan_out=2, fallback=False, mode="worker"))
+    with ssd:
+        _continues_in_process(target, ssd, lambda proc: None)
+        assert "drafter exploded" in ssd.last_stats.fallback_reason
