@@ -242,15 +242,6 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
                 "(`rdk_weights`/`rdk_targets`). " + _RDK_KERNEL_FIX
             )
 
-    def with_ssd(self, config=None):
-        """An SSD session (speculative speculative decoding) to pass as ``assistant_model=``; see hf_vocabspec.ssd.
-
-        Imported by name: drafter.py ships with checkpoints and stays torch + transformers only.
-        """
-        import importlib
-
-        return importlib.import_module("hf_vocabspec.ssd").SSDSession(self, config)
-
     # --- vocabulary map -------------------------------------------------------------------------------
     @property
     def t2d(self) -> torch.Tensor:

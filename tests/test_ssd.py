@@ -18,7 +18,8 @@ from tiny import EOS, VOCAB, make_pair
 from transformers import GenerationConfig, LogitsProcessorList
 
 import hf_vocabspec
-from hf_vocabspec.ssd import SSDCandidateGenerator, SSDConfig, SSDStats, project_speedup
+from hf_vocabspec.ssd import SSDCandidateGenerator, SSDConfig, SSDSession, SSDStats, project_speedup
+from hf_vocabspec.ssd.saguaro import sample_drafts
 
 PVALUE_THRESHOLD = 1e-3
 N_DRAWS = 600  # 2,000 in test_lossless.py; SSD draws cost more (a tree per round); the power check fails at p ~ 1e-36 with 600
@@ -48,14 +49,15 @@ def test_tree_matches_per_branch_decoding_and_crop_restores_the_cache(kind):
     prompt = torch.tensor([[1, 5, 7, 12, 9, 11, 4]])
     torch.manual_seed(0)
     gen = generator(drafter, do_sample=True, L=4, F=2, prompt=prompt)
-    drafts = gen._draft_inline(prompt, 4)
-    gen._predraft(prompt, drafts)
+    drafts = gen.next_drafts(prompt, 4)  # the first round: drafted just in time
+    gen.predraft(prompt, drafts)
     n_cache = prompt.shape[1] + drafts.tokens.numel()
     assert gen.fed.numel() == n_cache and gen.cache.get_seq_length() == n_cache
-    assert len(gen.branches) >= 4 * 2 - 1  # F per depth (minus EOS roots), depth L included
+    branches = gen.speculation.branches
+    assert len(branches) >= 4 * 2 - 1  # F per depth (minus EOS roots), depth L included
     worst = 0.0
     with torch.no_grad():
-        for (j, t), branch in gen.branches.items():
+        for (j, t), branch in branches.items():
             assert t != int(drafts.tokens[j]) if j < drafts.tokens.numel() else True  # zero residual: never a root
             seq = torch.cat([prompt[0], drafts.tokens[:j], torch.tensor([t])])
             assert branch.base_len == seq.numel()
@@ -73,11 +75,8 @@ def test_tree_matches_per_branch_decoding_and_crop_restores_the_cache(kind):
 
 
 def test_saguaro_law_scales_the_top_tokens():
-    _, base = make_pair("llama", seed=1, head_scale=4.0)
-    drafter = hf_vocabspec.trim_drafter(base, list(range(VOCAB)))
-    gen = generator(drafter, do_sample=True, F=2, saguaro_scale=0.25)
     logits = torch.randn(3, VOCAB)
-    _, law, top = gen._sample(logits)
+    _, law, top = sample_drafts(logits, do_sample=True, fan_out=2, scale=0.25)
     q = logits.softmax(-1)
     expect = q.clone()
     expect.scatter_(1, top, q.gather(1, top) * 0.25)
@@ -93,7 +92,7 @@ def test_greedy_identical_to_target(kind, cfg):
     drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)) + [3, 5])
     g = torch.Generator().manual_seed(0)
     hits = accepted = 0
-    with drafter.with_ssd(SSDConfig(fallback=False, **cfg)) as ssd:
+    with SSDSession(drafter, SSDConfig(fallback=False, **cfg)) as ssd:
         for _ in range(8):
             prompt = torch.randint(3, VOCAB, (1, int(torch.randint(1, 12, (1,), generator=g))), generator=g)
             ref = target.generate(prompt, do_sample=False, max_new_tokens=40)
@@ -107,7 +106,7 @@ def test_greedy_identical_to_target(kind, cfg):
 def test_hit_rate_is_high_when_the_drafter_is_the_target():
     target, base = make_pair("llama", seed=3, head_scale=8.0, noise=0.0)
     drafter = hf_vocabspec.trim_drafter(base, list(range(VOCAB)))
-    with drafter.with_ssd(SSDConfig(fan_out=1, fallback=False)) as ssd:
+    with SSDSession(drafter, SSDConfig(fan_out=1, fallback=False)) as ssd:
         out = target.generate(PROMPT, do_sample=False, max_new_tokens=60, min_new_tokens=60, assistant_model=ssd)
     ref = target.generate(PROMPT, do_sample=False, max_new_tokens=60, min_new_tokens=60)
     assert torch.equal(ref, out)
@@ -140,7 +139,7 @@ def check_ssd_lossless(target, session, knobs, n=N_DRAWS, seed=1234, prompt=PROM
     torch.manual_seed(seed)
     L = prompt.shape[1]
     samples = torch.empty(n, 3, dtype=torch.long)
-    hits = lookups = context = 0
+    hits = lookups = context = pruned = 0
     for i in range(n):
         seq = target.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True, max_new_tokens=4,
                               min_new_tokens=4, num_assistant_tokens=2, assistant_model=session,
@@ -149,8 +148,9 @@ def check_ssd_lossless(target, session, knobs, n=N_DRAWS, seed=1234, prompt=PROM
         hits += session.last_stats.hits
         lookups += session.last_stats.lookups
         context += session.last_stats.context_proposed
+        pruned += session.last_stats.pruned_proposed
     result = {f"p{k + 1}": chi2_pvalue(samples[:, k], exact[k]) for k in range(3)}
-    result["hit_rate"], result["context_proposed"] = hits / max(lookups, 1), context
+    result["hit_rate"], result["context_proposed"], result["pruned_proposed"] = hits / max(lookups, 1), context, pruned
     assert hits > min_hits, result  # the later tokens really came from cached branches
     for k in range(3):
         assert result[f"p{k + 1}"] >= PVALUE_THRESHOLD, result
@@ -166,13 +166,13 @@ def pair():
 
 def test_sampling_t1_is_lossless(pair):
     target, drafter = pair
-    with drafter.with_ssd(SSDConfig(fan_out=2, fallback=False)) as ssd:
+    with SSDSession(drafter, SSDConfig(fan_out=2, fallback=False)) as ssd:
         check_ssd_lossless(target, ssd, {})
 
 
 def test_sampling_saguaro_with_temperature_topk_topp_is_lossless(pair):
     target, drafter = pair
-    with drafter.with_ssd(SSDConfig(fan_out=2, saguaro_scale=0.3, fallback=False)) as ssd:
+    with SSDSession(drafter, SSDConfig(fan_out=2, saguaro_scale=0.3, fallback=False)) as ssd:
         check_ssd_lossless(target, ssd, {"temperature": 0.7, "top_k": 20, "top_p": 0.9})
 
 
@@ -183,22 +183,22 @@ def test_sampling_with_rdk_kernel_is_lossless():
     target, base = make_pair("llama", seed=0, head_scale=25.0, noise=0.3)
     drafter = hf_vocabspec.trim_drafter(base, [t for t in range(VOCAB) if t < 48])
     drafter.set_rdk_kernel(hand_kernel(drafter, [50, 55, 60], moved=0.2))
-    with drafter.with_ssd(SSDConfig(fan_out=2, saguaro_scale=0.5, fallback=False)) as ssd:
-        check_ssd_lossless(target, ssd, {})
-        assert ssd.last_stats.pruned_proposed >= 0
+    with SSDSession(drafter, SSDConfig(fan_out=2, saguaro_scale=0.5, fallback=False)) as ssd:
+        result = check_ssd_lossless(target, ssd, {})
+    # every kept draw moves to a pruned token with probability 0.2: well over a tenth of 600 calls' drafts did
+    assert result["pruned_proposed"] > N_DRAWS // 10, result
 
 
 def test_saguaro_drafts_verified_against_the_unscaled_q_fail(pair, monkeypatch):
     """Power check: sample from q_C but hand the verifier the unscaled q -> the marginals must be off."""
     target, drafter = pair
-    original = SSDCandidateGenerator._sample
 
-    def wrong_law(self, logits, saguaro=True):
-        idx, law, top = original(self, logits, saguaro)
+    def wrong_law(logits, **kwargs):
+        idx, law, top = sample_drafts(logits, **kwargs)
         return idx, (None if law is None else logits.softmax(-1)), top
 
-    monkeypatch.setattr(SSDCandidateGenerator, "_sample", wrong_law)
-    with drafter.with_ssd(SSDConfig(fan_out=1, saguaro_scale=0.2, fallback=False)) as ssd, \
+    monkeypatch.setattr("hf_vocabspec.ssd.generator.sample_drafts", wrong_law)
+    with SSDSession(drafter, SSDConfig(fan_out=1, saguaro_scale=0.2, fallback=False)) as ssd, \
             pytest.raises(AssertionError):
         check_ssd_lossless(target, ssd, {})
 
@@ -207,7 +207,8 @@ def test_saguaro_drafts_verified_against_the_unscaled_q_fail(pair, monkeypatch):
 @pytest.mark.parametrize("kwargs,match", [
     ({"fan_out": 0}, "fan_out"), ({"saguaro_scale": 0.0}, "saguaro_scale"), ({"saguaro_scale": 1.5}, "saguaro_scale"),
     ({"backup": "fast"}, "backup"), ({"mode": "thread"}, "mode"), ({"num_assistant_tokens": 0}, "num_assistant_tokens"),
-    ({"draft_threads": 0}, "draft_threads"),
+    ({"draft_threads": 0}, "draft_threads"), ({"worker_timeout_s": 0}, "worker_timeout_s"),
+    ({"probe_rounds": 0}, "probe_rounds"),
 ])
 def test_config_refuses_bad_values_in_one_line(kwargs, match):
     with pytest.raises(ValueError, match=match) as err:
@@ -219,7 +220,7 @@ def test_sync_fallback_says_so_and_stays_exact():
     """Inline tree building cannot beat ordinary drafting on the same compute: default settings fall back."""
     target, base = make_pair("llama", seed=3, head_scale=8.0)
     drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)) + [3, 5])
-    with drafter.with_ssd(SSDConfig(fan_out=3, probe_rounds=4)) as ssd, warnings.catch_warnings(record=True) as caught:
+    with SSDSession(drafter, SSDConfig(fan_out=3, probe_rounds=4)) as ssd, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = target.generate(PROMPT, do_sample=False, max_new_tokens=40, min_new_tokens=40, assistant_model=ssd)
     stats = ssd.last_stats
@@ -229,7 +230,7 @@ def test_sync_fallback_says_so_and_stays_exact():
     assert 1 <= stats.trees <= 4 and stats.rounds > stats.trees  # no tree after the decision
     assert stats.trees == 1  # inline, glue + L tree steps cost more than L draft steps: decided after one round
     # the session remembers: a later call drafts ordinarily from its first round, still exact
-    with drafter.with_ssd(SSDConfig(fan_out=3, probe_rounds=4)) as ssd, warnings.catch_warnings():
+    with SSDSession(drafter, SSDConfig(fan_out=3, probe_rounds=4)) as ssd, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         target.generate(PROMPT, do_sample=False, max_new_tokens=12, assistant_model=ssd)
         again = target.generate(PROMPT, do_sample=False, max_new_tokens=40, min_new_tokens=40, assistant_model=ssd)
@@ -251,69 +252,20 @@ def test_projection_formula():
 def test_session_is_refused_after_close():
     target, base = make_pair("llama")
     drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)))
-    ssd = drafter.with_ssd(SSDConfig())
+    ssd = SSDSession(drafter, SSDConfig())
     ssd.close()
-    with pytest.raises(RuntimeError, match="with_ssd"):
+    with pytest.raises(RuntimeError, match="closed"):
         target.generate(PROMPT, max_new_tokens=4, assistant_model=ssd)
 
 
-# --- worker mode (the drafter in its own process) ---------------------------------------------------------------
-def test_worker_greedy_identical_with_the_same_hits_as_sync():
-    target, base = make_pair("llama", seed=3, head_scale=8.0)
-    drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)) + [3, 5])
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, VOCAB, (1, int(torch.randint(1, 12, (1,), generator=g))), generator=g) for _ in range(4)]
-    hits = {}
-    for mode in ("sync", "worker"):
-        with drafter.with_ssd(SSDConfig(fan_out=3, fallback=False, mode=mode)) as ssd:
-            hits[mode] = []
-            for prompt in prompts:
-                out = target.generate(prompt, do_sample=False, max_new_tokens=40, assistant_model=ssd)
-                assert torch.equal(out, target.generate(prompt, do_sample=False, max_new_tokens=40)), (mode, prompt)
-                hits[mode].append(ssd.last_stats.hits)
-            assert ssd.last_stats.mode == mode
-            proc = ssd.worker.proc if mode == "worker" else None
-        if proc is not None:
-            assert proc.poll() is not None  # leaving the block stopped the worker
-    assert hits["worker"] == hits["sync"] and sum(hits["sync"]) > 0
-
-
-def test_worker_sampling_with_saguaro_is_lossless(pair):
-    target, drafter = pair
-    with drafter.with_ssd(SSDConfig(fan_out=2, saguaro_scale=0.5, fallback=False, mode="worker")) as ssd:
-        check_ssd_lossless(target, ssd, {"temperature": 0.8})
-
-
-def test_worker_sampling_with_context_tokens_is_lossless():
-    """Context tokens in the worker: the main process mirrors the worker's draft space to scatter its law."""
-    from test_context_tokens import context_pair
-
-    target, drafter, prompt, _ = context_pair()
-    with drafter.with_ssd(SSDConfig(fan_out=2, fallback=False, mode="worker")) as ssd:
-        result = check_ssd_lossless(target, ssd, {"temperature": 0.9}, prompt=prompt, min_hits=5)
-        assert ssd.last_stats.mode == "worker"
-    assert result["context_proposed"] > 0  # pruned tokens from the prompt were drafted
-
-
-def test_killed_or_stuck_worker_raises_instead_of_hanging():
-    import signal
-    import time
-
-    from hf_vocabspec.ssd.worker import SSDWorkerError
-
+def test_session_refuses_a_batch_in_one_line():
+    """SSD drafts one sequence: a batch is refused before anything is drafted (the session has no batched path)."""
     target, base = make_pair("llama")
     drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)))
-    with drafter.with_ssd(SSDConfig(mode="worker", worker_timeout_s=3.0, fallback=False)) as ssd:
-        target.generate(PROMPT, max_new_tokens=8, assistant_model=ssd)
-        ssd.worker.proc.send_signal(signal.SIGSTOP)  # alive but silent: the timeout decides
-        start = time.monotonic()
-        with pytest.raises(SSDWorkerError, match="did not answer within 3 s"):
-            target.generate(PROMPT, max_new_tokens=8, assistant_model=ssd)
-        assert time.monotonic() - start < 20
-        ssd.worker.proc.kill()
-        ssd.worker.proc.wait(timeout=10)
-        with pytest.raises(SSDWorkerError, match="crashed or was killed"):
-            target.generate(PROMPT, max_new_tokens=8, assistant_model=ssd)
+    with SSDSession(drafter, SSDConfig()) as ssd, pytest.raises(ValueError, match="one sequence") as err:
+        ssd._hf_vocabspec_candidate_generator(input_ids=PROMPT.repeat(2, 1), generation_config=GenerationConfig(),
+                                              model_kwargs={})
+    assert "\n" not in str(err.value)
 
 
 # --- real model (offline SmolLM2-135M-Instruct: fp32 target, bf16 trimmed copy as drafter) -----------------------
@@ -336,7 +288,7 @@ def test_greedy_identical_on_real_prompts(mode):
     drafter = hf_vocabspec.trim_drafter(load_model(smol, dtype=torch.bfloat16), counts.top_k(8000), tokenizer=tokenizer)
     prompts = eval_prompts(dataset, tokenizer, start=len(dataset) - 500, n=2, max_prompt_tokens=128)
     hits = lookups = 0
-    with drafter.with_ssd(SSDConfig(fan_out=3, mode=mode, fallback=False)) as ssd:
+    with SSDSession(drafter, SSDConfig(fan_out=3, mode=mode, fallback=False)) as ssd:
         for ids in prompts:
             mask = torch.ones_like(ids)
             ref = target.generate(ids, attention_mask=mask, max_new_tokens=32, do_sample=False)
@@ -344,6 +296,7 @@ def test_greedy_identical_on_real_prompts(mode):
             assert torch.equal(ref, out), tokenizer.decode(out[0, ids.shape[1]:])
             hits += ssd.last_stats.hits
             lookups += ssd.last_stats.lookups
+            assert ssd.last_stats.mode == mode  # worker: a real model's processors were rebuilt there
     assert lookups > 0 and hits / lookups > 0.3, (hits, lookups)
 
 
@@ -359,7 +312,7 @@ def test_bench_rows_have_hit_rate_and_measured_and_projected_speedups():
     target, base = make_pair("llama", seed=3, head_scale=8.0)
     drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)) + [3, 5])
     drafter.use_context_tokens = False
-    with drafter.with_ssd(SSDConfig(fan_out=2, fallback=False, num_assistant_tokens=5)) as ssd:
+    with SSDSession(drafter, SSDConfig(fan_out=2, fallback=False, num_assistant_tokens=5)) as ssd:
         methods = [Method("target only"), Method("trimmed", drafter), Method("trimmed (1 thread)", drafter, threads=1),
                    Method("ssd", ssd)]
         res = compare_methods(target, methods, [PROMPT], max_new_tokens=24, generate_kwargs={"do_sample": False})

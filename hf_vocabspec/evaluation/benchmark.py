@@ -556,11 +556,11 @@ def _ssd_methods(cfg: BenchConfig, name: str, drafter: TrimmedDrafter, sessions:
     (SSDConfig.draft_threads), so ordinary speculative decoding is run at 1 thread too; the best of the 1- and
     2-thread ordinary rows is the baseline.
     """
-    from ..ssd import SSDConfig
+    from ..ssd import SSDConfig, SSDSession
 
     with applied_attrs(drafter, {"use_context_tokens": False}):  # the worker copies the switches at start
-        session = drafter.with_ssd(SSDConfig(fan_out=cfg.ssd_fan_out, saguaro_scale=cfg.ssd_saguaro_scale,
-                                             mode=cfg.ssd_mode, num_assistant_tokens=cfg.num_assistant_tokens))
+        session = SSDSession(drafter, SSDConfig(fan_out=cfg.ssd_fan_out, saguaro_scale=cfg.ssd_saguaro_scale,
+                                                mode=cfg.ssd_mode, num_assistant_tokens=cfg.num_assistant_tokens))
     sessions.append(session)
     off = {"use_context_tokens": False}
     return [Method(f"{name} (1 thread)", drafter, attrs=off, threads=1),

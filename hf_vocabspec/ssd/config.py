@@ -1,0 +1,133 @@
+"""SSD's settings (:class:`SSDConfig`), its counters (:class:`SSDStats`) and the one place an SSD generator's
+draft length is fixed (:func:`fix_draft_length`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from ..drafter import check_draft_length
+from ..generation import SpeculationStats
+
+BACKUPS = ("neural", "none")
+MODES = ("sync", "worker")
+
+
+@dataclass
+class SSDConfig:
+    """Settings of one SSD session.
+
+    fan_out: predicted outcomes per depth (F); ``saguaro_scale``: C in (0, 1] (1 = plain sampling from q);
+    ``backup``: what a miss does ("neural": just-in-time drafting; "none": no draft that round);
+    ``num_assistant_tokens``: L (None = the drafter's generation_config or generate()'s value); ``mode``:
+    "sync" or "worker"; ``device``/``draft_threads``: where the worker's drafter runs and its torch threads;
+    ``fallback``: switch to ordinary drafting when the measured costs say SSD cannot pay, decided after
+    ``probe_rounds`` rounds; ``worker_timeout_s``: longest wait for a worker reply before the session gives
+    the worker up and drafts in this process.
+    """
+
+    fan_out: int = 3
+    saguaro_scale: float = 1.0
+    backup: str = "neural"
+    num_assistant_tokens: int | None = None
+    mode: str = "sync"
+    device: str | None = None
+    draft_threads: int = 1
+    fallback: bool = True
+    probe_rounds: int = 8
+    worker_timeout_s: float = 120.0
+
+    def __post_init__(self):
+        if isinstance(self.fan_out, bool) or not isinstance(self.fan_out, int) or self.fan_out < 1:
+            raise ValueError(f"SSDConfig.fan_out must be an integer >= 1 (outcomes predicted per depth); got {self.fan_out!r}.")
+        c = self.saguaro_scale
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or not 0 < c <= 1:
+            raise ValueError(f"SSDConfig.saguaro_scale must be in (0, 1] (1 = plain sampling); got {c!r}.")
+        if self.backup not in BACKUPS:
+            raise ValueError(f"SSDConfig.backup must be one of {BACKUPS}; got {self.backup!r}.")
+        if self.num_assistant_tokens is not None:
+            try:
+                check_draft_length(self.num_assistant_tokens)
+            except ValueError as err:
+                raise ValueError(f"SSDConfig.{err} None means the drafter's own.") from None
+        if self.mode not in MODES:
+            raise ValueError(f"SSDConfig.mode must be one of {MODES}; got {self.mode!r}.")
+        if isinstance(self.draft_threads, bool) or not isinstance(self.draft_threads, int) or self.draft_threads < 1:
+            raise ValueError(f"SSDConfig.draft_threads must be an integer >= 1; got {self.draft_threads!r}.")
+        if isinstance(self.probe_rounds, bool) or not isinstance(self.probe_rounds, int) or self.probe_rounds < 1:
+            raise ValueError(f"SSDConfig.probe_rounds must be an integer >= 1; got {self.probe_rounds!r}.")
+        t = self.worker_timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
+            raise ValueError(f"SSDConfig.worker_timeout_s must be > 0 seconds; got {t!r}.")
+
+    def to_dict(self) -> dict:
+        """Plain JSON-able values (what the worker receives)."""
+        return dataclasses.asdict(self)
+
+
+def fix_draft_length(generator, ssd_config: SSDConfig) -> int:
+    """Give an SSD-session generator its draft length L: ``ssd_config.num_assistant_tokens`` when set (else the
+    value the generator already resolved from generate()/the drafter), a constant schedule and no confidence
+    stop (L is the tree depth; drafts are cut only at EOS and max length). The one home of the SSD override."""
+    if ssd_config.num_assistant_tokens is not None:
+        generator.num_assistant_tokens = ssd_config.num_assistant_tokens
+    generator.num_assistant_tokens = int(generator.num_assistant_tokens)
+    generator.assistant_generation_config.num_assistant_tokens_schedule = "constant"
+    generator.assistant_confidence_threshold = 0.0
+    return generator.num_assistant_tokens
+
+
+@dataclass
+class SSDStats(SpeculationStats):
+    """Counters of one SSD ``generate`` call (times in seconds, wall clock, on the process that spent them)."""
+
+    mode: str = "sync"
+    lookups: int = 0  # rounds that had a speculation cache to look up (every round after the first)
+    hits: int = 0
+    trees: int = 0
+    tree_branches: int = 0
+    tree_steps: int = 0
+    inline_draft_s: float = 0.0  # just-in-time drafting (on the critical path)
+    inline_draft_steps: int = 0
+    predraft_s: float = 0.0  # glue forward + tree decoding (hidden behind verification in worker mode)
+    verify_s: float = 0.0  # get_candidates returned -> update_candidate_strategy (target forward + verify)
+    wait_s: float = 0.0  # worker mode: time the main process waited for the worker's reply
+    fell_back: bool = False
+    fallback_reason: str | None = None
+
+    def add(self, other: SpeculationStats) -> SSDStats:
+        """Accumulate another call's counters (SSD counters too, when ``other`` is an SSDStats)."""
+        super().add(other)
+        if isinstance(other, SSDStats):
+            for name in SSD_COUNTERS:
+                setattr(self, name, getattr(self, name) + getattr(other, name))
+            self.mode = other.mode
+            if other.fell_back:
+                self.fell_back, self.fallback_reason = True, other.fallback_reason
+        return self
+
+    @property
+    def hit_rate(self) -> float:
+        """hits / lookups (the first round has nothing cached and is not counted)."""
+        return self.hits / self.lookups if self.lookups else 0.0
+
+    @property
+    def draft_step_s(self) -> float:
+        """Mean seconds of one just-in-time draft step (t_d)."""
+        return self.inline_draft_s / self.inline_draft_steps if self.inline_draft_steps else 0.0
+
+    @property
+    def tree_s(self) -> float:
+        """Mean seconds to pre-draft one round's tree (t_spec = glue + L tree steps)."""
+        return self.predraft_s / self.trees if self.trees else 0.0
+
+    @property
+    def verify_step_s(self) -> float:
+        """Mean seconds of one verification step as seen by the candidate generator (t_v)."""
+        return self.verify_s / self.rounds if self.rounds else 0.0
+
+
+# the numeric counters SSDStats adds to SpeculationStats (summed by ``add``)
+SSD_COUNTERS = tuple(f.name for f in dataclasses.fields(SSDStats)
+                     if f.name not in {g.name for g in dataclasses.fields(SpeculationStats)} and f.type in ("int", "float"))
