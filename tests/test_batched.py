@@ -235,8 +235,8 @@ def test_prompt_longer_than_the_models_positions_is_refused():
 
 def test_drafter_for_another_vocabulary_is_refused_at_batch_two():
     target, _ = _pair("llama")
-    from transformers import LlamaForCausalLM
     from tiny import llama_config
+    from transformers import LlamaForCausalLM
 
     other = hf_vocabspec.trim_drafter(LlamaForCausalLM(llama_config(vocab_size=VOCAB * 2)).eval(), list(range(40)))
     ids, mask = _batch([4, 6])

@@ -1,7 +1,8 @@
 """Counters of one ``generate`` call with an hf_vocabspec drafter (terms as in vLLM/NeMo).
 
 ``add``, ``to_dict`` and ``from_dict`` are derived from the dataclass fields, so a new counter needs one line
-(here) and nothing else: numbers add, lists concatenate, text fields keep the latest non-empty value.
+(here) and nothing else: numbers add, lists concatenate, flags OR, text fields keep the latest non-empty value (a subclass such as
+SSD's stats inherits all of it).
 """
 
 from __future__ import annotations
@@ -44,7 +45,9 @@ class SpeculationStats:
             mine, theirs = getattr(self, f.name), getattr(other, f.name)
             if isinstance(mine, list):
                 mine.extend(theirs)
-            elif isinstance(mine, str):
+            elif isinstance(mine, bool) or isinstance(theirs, bool):
+                setattr(self, f.name, bool(mine) or bool(theirs))
+            elif isinstance(mine, (str, type(None))) or isinstance(theirs, str):
                 setattr(self, f.name, theirs or mine)
             elif f.name == "batch_size":
                 setattr(self, f.name, max(mine, theirs))

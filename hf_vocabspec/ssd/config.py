@@ -96,17 +96,6 @@ class SSDStats(SpeculationStats):
     fell_back: bool = False
     fallback_reason: str | None = None
 
-    def add(self, other: SpeculationStats) -> SSDStats:
-        """Accumulate another call's counters (SSD counters too, when ``other`` is an SSDStats)."""
-        super().add(other)
-        if isinstance(other, SSDStats):
-            for name in SSD_COUNTERS:
-                setattr(self, name, getattr(self, name) + getattr(other, name))
-            self.mode = other.mode
-            if other.fell_back:
-                self.fell_back, self.fallback_reason = True, other.fallback_reason
-        return self
-
     @property
     def hit_rate(self) -> float:
         """hits / lookups (the first round has nothing cached and is not counted)."""
@@ -126,8 +115,3 @@ class SSDStats(SpeculationStats):
     def verify_step_s(self) -> float:
         """Mean seconds of one verification step as seen by the candidate generator (t_v)."""
         return self.verify_s / self.rounds if self.rounds else 0.0
-
-
-# the numeric counters SSDStats adds to SpeculationStats (summed by ``add``)
-SSD_COUNTERS = tuple(f.name for f in dataclasses.fields(SSDStats)
-                     if f.name not in {g.name for g in dataclasses.fields(SpeculationStats)} and f.type in ("int", "float"))

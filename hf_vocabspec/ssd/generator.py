@@ -22,8 +22,9 @@ import warnings
 import torch
 from transformers.cache_utils import DynamicCache
 
-from ..drafter import TrimmedDrafter
-from ..generation import _VALUE_ONLY, TrimmedCandidateGenerator
+from ..drafter import TrimmedDrafter, cache_kwarg
+from ..generation import TrimmedCandidateGenerator
+from ..generation.vocabulary import is_value_only
 from .cache import Branch, Drafts, SpeculationCache, full_log_q
 from .config import SSDConfig, SSDStats, fix_draft_length
 from .outcomes import Outcome, observe_outcome, predict_outcomes
@@ -62,7 +63,7 @@ class SSDCandidateGenerator(TrimmedCandidateGenerator):
         body = self.drafter.model.config
         layer_types = getattr(body, "layer_types", None) or []
         self.window = getattr(body, "sliding_window", None) if "sliding_attention" in layer_types else None
-        self.value_only = all(isinstance(p, _VALUE_ONLY) for p in self.draft_processors)
+        self.value_only = all(is_value_only(p) for p in self.draft_processors)
         self.stats = SSDStats(mode=self.ssd_config.mode)
         self.drafter.last_speculation_stats = self.stats
         self.speculation = SpeculationCache()
@@ -103,7 +104,8 @@ class SSDCandidateGenerator(TrimmedCandidateGenerator):
         to_feed = self._sync_cache(seq[None])
         start = self.fed.numel()
         pos = torch.arange(start, start + to_feed.shape[1], device=seq.device)[None]
-        out = self.drafter.model(input_ids=to_feed, position_ids=pos, past_key_values=self.cache, use_cache=True)
+        out = self.drafter.model(input_ids=to_feed, position_ids=pos, use_cache=True,
+                                     **{cache_kwarg(self.drafter.model): self.cache})
         self.fed = torch.cat([self.fed, to_feed[0]])
         n_cache = self.fed.numel()
         bonus_top = []
@@ -134,7 +136,7 @@ class SSDCandidateGenerator(TrimmedCandidateGenerator):
                 mask = {"full_attention": mask, "sliding_attention": tree_mask(prefix_len, positions, n_cache, s, q,
                                                                                self.window, self.drafter.dtype)}
             out = self.drafter.model(input_ids=x[None], position_ids=positions[None], attention_mask=mask,
-                                     past_key_values=self.cache, use_cache=True)
+                                     use_cache=True, **{cache_kwarg(self.drafter.model): self.cache})
             logits = self._process(branch_seqs, self.vocab.logits(out.last_hidden_state[0]).float())
             idx, law, top = self._sample(logits)
             x = self._to_tokens(idx)
@@ -207,7 +209,8 @@ class SSDCandidateGenerator(TrimmedCandidateGenerator):
         for _ in range(max_new):
             start = self.fed.numel()
             pos = torch.arange(start, start + to_feed.shape[1], device=seq.device)[None]
-            out = self.drafter.model(input_ids=to_feed, position_ids=pos, past_key_values=self.cache, use_cache=True)
+            out = self.drafter.model(input_ids=to_feed, position_ids=pos, use_cache=True,
+                                     **{cache_kwarg(self.drafter.model): self.cache})
             self.fed = torch.cat([self.fed, to_feed[0]])
             logits = self._process([seq], self.vocab.logits(out.last_hidden_state[:, -1]).float())
             idx, law, top = self._sample(logits)
