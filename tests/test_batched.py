@@ -257,3 +257,16 @@ def test_batch_only_refusals_name_the_fix():
     drafter.generation_config.batched_speculation = "sometimes"
     with pytest.raises(ValueError, match="batched_speculation"):
         target.generate(input_ids=ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=3)
+
+
+def test_untrimmed_same_vocabulary_assistant_batches_through_our_loop():
+    """transformers refuses assisted generation at batch > 1; a plain drafter with the target's vocabulary
+    drafts through hf_vocabspec's loop instead (full head), rows identical to batch-1 target-only."""
+    target, base = make_pair("gemma3", head_scale=4.0, noise=0.05)
+    target, base = target.double(), base.double()
+    base.generation_config.num_assistant_tokens = 3
+    ids, mask = _batch([6, 11, 4])
+    out = target.generate(input_ids=ids, attention_mask=mask, assistant_model=base, max_new_tokens=16,
+                          do_sample=False)
+    assert _rows(out, ids.shape[1], EOS) == _reference(target, ids, mask, max_new_tokens=16)
+    assert base.last_speculation_stats.batch_size == 3

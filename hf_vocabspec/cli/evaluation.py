@@ -109,6 +109,8 @@ def cmd_demo(args) -> int:
 def cmd_bench(args) -> int:
     from tqdm.auto import tqdm
 
+    if args.batch_sizes:
+        return _cmd_batch_bench(args)
     from ..evaluation.benchmark import BenchConfig, run_benchmark
 
     cfg = BenchConfig(
@@ -123,6 +125,25 @@ def cmd_bench(args) -> int:
 
     print(format_report(report))
     log(f"results: {args.output}/results.json, results.md, throughput_vs_vocab.png")
+    return 0
+
+
+def _cmd_batch_bench(args) -> int:
+    """bench --batch-sizes: batched target-only vs batched trimmed speculative vs a batch-1 HF assisted loop."""
+    from tqdm.auto import tqdm
+
+    from ..evaluation.batch_bench import BatchBenchConfig, format_batch_report, run_batch_bench
+
+    coverage = args.coverages[0] if args.coverages else 0.95
+    cfg = BatchBenchConfig(
+        target=args.target, drafter=args.drafter, drafter_dtype=args.drafter_dtype, vocab_dataset=args.dataset,
+        count_examples=args.count_examples, coverage=coverage, context_tokens=True,
+        batch_sizes=tuple(args.batch_sizes), max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+        num_assistant_tokens=args.num_assistant_tokens, batched_speculation=args.batched_speculation,
+    )
+    report = run_batch_bench(cfg, args.output, progress=lambda s: tqdm.write(s))
+    print(format_batch_report(report))
+    log(f"results: {args.output}/results.json, results.md")
     return 0
 
 
@@ -230,6 +251,11 @@ def register(sub) -> None:
                    help="also run SSD (speculative speculative decoding) per trimmed k, next to ordinary drafting at 1 thread")
     b.add_argument("--ssd-mode", choices=["worker", "sync"], default="worker",
                    help="worker: drafter in its own process (1 thread each); sync: tree built inline")
+    b.add_argument("--batch-sizes", type=int, nargs="+", default=None,
+                   help="batched decoding bench instead: batched target-only vs batched trimmed speculative (first "
+                        "coverage, context tokens on) vs a loop of batch-1 HF assisted calls, per batch size")
+    b.add_argument("--batched-speculation", choices=["auto", "on", "off"], default="auto",
+                   help="with --batch-sizes: the batched loop's fallback rule (auto: measured)")
     b.add_argument("--output", default="results/bench")
     b.set_defaults(func=cmd_bench)
 

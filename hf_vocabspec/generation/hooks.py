@@ -10,7 +10,8 @@ session object exposing ``_hf_vocabspec_candidate_generator``); every other call
   ``num_return_sequences > 1`` is allowed for our drafters (the batched loop serves it).
 - ``_get_candidate_generator``: batch 1 drafts through :class:`TrimmedCandidateGenerator` inside HF's loop.
 - ``_assisted_decoding``: checks the inputs (ids in range, non-empty, left padding), enters the verify-time
-  head, and runs batch > 1 through our loop (:mod:`.batched`).
+  head, and runs batch > 1 through our loop (:mod:`.batched`); an untrimmed assistant with the target's
+  vocabulary, which transformers refuses at batch > 1, also runs there (its full head drafts).
 
 What moved in transformers and is absorbed here: the cache kwarg (``cache`` from 5.24, see
 ``drafter.cache_kwarg``), ``_get_candidate_generator`` called with keywords (4.57 -> 5.24).
@@ -114,23 +115,38 @@ def check_inputs(target, assistant, input_ids: torch.Tensor, attention_mask: tor
                              "positions: shorten the prompt.")
 
 
+# Draft length of an untrimmed assistant left at transformers' default (20, meant for its confidence-stopped,
+# batch-1 schedule): the batched loop drafts this many instead.
+PLAIN_ASSISTANT_DRAFT_LENGTH = 5
+
+
 def _draft_length(assistant, generation_config) -> int:
     """The draft length: a value passed to generate() wins over the drafter's own (HF ignores it, #40739)."""
-    own = int(assistant.generation_config.num_assistant_tokens)
-    passed = getattr(generation_config, "num_assistant_tokens", None)
     default = generation_config._get_default_generation_params().get("num_assistant_tokens")
+    own = int(assistant.generation_config.num_assistant_tokens or PLAIN_ASSISTANT_DRAFT_LENGTH)
+    if not isinstance(assistant, TrimmedDrafter) and own == default:
+        own = PLAIN_ASSISTANT_DRAFT_LENGTH
+    passed = getattr(generation_config, "num_assistant_tokens", None)
     return int(passed) if passed is not None and passed != default else own
+
+
+def batchable_plain_assistant(target, assistant, bound: dict) -> bool:
+    """An untrimmed assistant that shares the target's vocabulary (no tokenizer translation): at batch > 1,
+    where transformers refuses assisted generation, it drafts through our loop with its full head."""
+    if assistant is None or is_ours(assistant) or bound.get("assistant_tokenizer") is not None:
+        return False
+    config = getattr(assistant, "config", None)
+    if config is None or getattr(config, "is_encoder_decoder", False) or target.config.is_encoder_decoder:
+        return False
+    return config.get_text_config().vocab_size == target.config.get_text_config().vocab_size
 
 
 def _batched(target, input_ids, logits_processor, stopping_criteria, generation_config, assistant, streamer,
              model_kwargs):
     """Batch > 1 through our loop: refuse what it does not serve, in one line each."""
-    if not isinstance(assistant, TrimmedDrafter):
-        if getattr(assistant, "_hf_vocabspec_candidate_generator", None) is not None:
-            raise ValueError("SSD runs at batch 1: call generate once per prompt with the SSD session, or pass the "
-                             "trimmed drafter itself as assistant_model for batched generation.")
-        raise ValueError("Batched speculative decoding serves hf_vocabspec drafters: trim this drafter "
-                         "(hf_vocabspec.trim_drafter) or call generate once per prompt.")
+    if getattr(assistant, "_hf_vocabspec_candidate_generator", None) is not None:
+        raise ValueError("SSD runs at batch 1: call generate once per prompt with the SSD session, or pass the "
+                         "trimmed drafter itself as assistant_model for batched generation.")
     if streamer is not None:
         raise ValueError("Streamers support batch 1 (as in transformers): generate one prompt at a time to stream.")
     if generation_config.do_sample and getattr(assistant, "use_rdk", False) and drafter_kernel(assistant) is not None:
@@ -144,7 +160,8 @@ def _batched(target, input_ids, logits_processor, stopping_criteria, generation_
     if speculation not in SPECULATION_MODES:
         raise ValueError(f"drafter.generation_config.batched_speculation must be one of {SPECULATION_MODES} "
                          f"(got {speculation!r}).")
-    assistant.validate_vocab_map()
+    if isinstance(assistant, TrimmedDrafter):
+        assistant.validate_vocab_map()
     loop = BatchedSpeculation(target, assistant, input_ids, logits_processor, stopping_criteria, generation_config,
                               model_kwargs.get("attention_mask"), _draft_length(assistant, generation_config),
                               speculation)
@@ -197,10 +214,14 @@ def install() -> None:
     def _assisted_decoding(self, *args, **kwargs):
         bound = signature.bind(self, *args, **kwargs).arguments
         assistant = bound.get("assistant_model")
-        if not is_ours(assistant):
-            return assisted(self, *args, **kwargs)
         input_ids = bound["input_ids"]
         model_kwargs = dict(bound.get("model_kwargs", {}))
+        if not is_ours(assistant):
+            if input_ids.shape[0] > 1 and batchable_plain_assistant(self, assistant, bound):
+                check_inputs(self, assistant, input_ids, model_kwargs.get("attention_mask"))
+                return _batched(self, input_ids, bound.get("logits_processor"), bound.get("stopping_criteria"),
+                                bound["generation_config"], assistant, bound.get("streamer"), model_kwargs)
+            return assisted(self, *args, **kwargs)
         check_inputs(self, assistant, input_ids, model_kwargs.get("attention_mask"))
         with _verify_head.verify_head(self, enabled=_verify_head.wants_verify_head(assistant)):
             if input_ids.shape[0] == 1:
