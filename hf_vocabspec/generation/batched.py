@@ -72,19 +72,18 @@ class _AlignedCache:
                 yield layer
 
     def keep(self, keep: torch.Tensor, new_length: int) -> None:
-        """Row b keeps its first ``keep[b]`` columns, shifted right so that every row ends at ``new_length``."""
+        """Row b keeps its first ``keep[b]`` columns, shifted right so that every row ends at ``new_length``.
+
+        In place: only the rows that shift are copied (grouped by shift), then every layer is narrowed to
+        ``new_length`` (a view; the next forward's append allocates as it always does)."""
         shift = new_length - keep
-        groups = [(int(s), (shift == s).nonzero().flatten()) for s in torch.unique(shift).tolist()]
+        groups = [(int(s), (shift == s).nonzero().flatten()) for s in torch.unique(shift).tolist() if s > 0]
         for layer in self._tensors():
             for name in ("keys", "values"):
-                old = getattr(layer, name)
-                if len(groups) == 1 and groups[0][0] == 0:
-                    setattr(layer, name, old[:, :, :new_length])
-                    continue
-                new = old.new_zeros((*old.shape[:2], new_length, old.shape[3]))
+                t = getattr(layer, name)
                 for s, rows in groups:
-                    new[rows, :, s:] = old[rows, :, : new_length - s]
-                setattr(layer, name, new)
+                    t[rows, :, s:new_length] = t[rows, :, : new_length - s]  # the gather copies before writing
+                setattr(layer, name, t[:, :, :new_length])
 
     def select(self, rows: torch.Tensor) -> None:
         for layer in self._tensors():
