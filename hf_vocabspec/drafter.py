@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -78,6 +79,8 @@ class TrimmedDrafterConfig(PreTrainedConfig):
                 "Re-create the drafter with `hf_vocabspec.trim_drafter(base_model, keep_token_ids)`."
             )
         cfg = dict(self.drafter_config)
+        for key in ("dtype", "torch_dtype"):  # the body follows the drafter's dtype (from_pretrained(dtype=...)),
+            cfg.pop(key, None)  # not the dtype its base was saved in (else only the head is converted)
         return AutoConfig.for_model(cfg.pop("model_type"), **cfg)
 
 
@@ -357,10 +360,8 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
         try:
             result = super().save_pretrained(tmp, *args, **kwargs)
             if os.path.isdir(final):
-                for entry in os.listdir(final):  # keep what others wrote there, not stale weights or config
-                    stale = entry.endswith((".safetensors", ".py")) or entry in (
-                        "config.json", "generation_config.json", "model.safetensors.index.json")
-                    if not stale and not os.path.exists(os.path.join(tmp, entry)):
+                for entry in os.listdir(final):  # keep what others wrote there; drop only our stale weights
+                    if not _stale_weights(entry) and not os.path.exists(os.path.join(tmp, entry)):
                         src = os.path.join(final, entry)
                         (shutil.copytree if os.path.isdir(src) else shutil.copy2)(src, os.path.join(tmp, entry))
                 old = os.path.join(parent, os.path.basename(tmp).replace(".tmp-", ".old-", 1))
@@ -411,6 +412,13 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
         model.validate_vocab_map()
         model.validate_rdk_buffers()  # a kernel announced in config must be present and sound
         return (model, info) if want_info else model
+
+
+def _stale_weights(name: str) -> bool:
+    """Weight files of an earlier save that the new one replaces (transformers' convention: only its own
+    ``model.safetensors``, its index and ``model-XXXXX-of-XXXXX.safetensors`` shards; nothing else is ours)."""
+    return name in ("model.safetensors", "model.safetensors.index.json") or bool(
+        re.fullmatch(r"model-\d{5}-of-\d{5}\.safetensors", name))
 
 
 _RDK_KERNEL_FIX = (
