@@ -12,6 +12,7 @@ and concurrent processes build it once. ``v2`` changes whenever the cached conte
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import importlib.metadata
@@ -386,7 +387,8 @@ def load_chat_dataset(name_or_path: str, split: str = "train", **kwargs: Any) ->
         if builder is None:
             raise ValueError(f"Unsupported data file {path}: use .json, .jsonl, .parquet or .csv.")
         try:
-            ds = datasets.load_dataset(builder, data_files=str(path), split=split, **kwargs)
+            with _quiet_datasets():
+                ds = datasets.load_dataset(builder, data_files=str(path), split=split, **kwargs)
         except ValueError as err:
             if "corresponds to no data" not in str(err):
                 raise _unreadable(name_or_path, path, builder, err) from err
@@ -412,6 +414,20 @@ def load_chat_dataset(name_or_path: str, split: str = "train", **kwargs: Any) ->
                              f"({_first_line(err)}): pass one {_EXPECTED_DATA}, or a folder written by "
                              "Dataset.save_to_disk.") from err
     return datasets.load_dataset(name_or_path, split=split, **kwargs)
+
+
+@contextlib.contextmanager
+def _quiet_datasets():
+    """datasets logs a parse error with its traceback before raising: we report it in one line instead."""
+    import logging
+
+    logger = logging.getLogger("datasets")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 _EXPECTED_DATA = ("JSONL file (one JSON object per line, each with a 'messages' list of {'role', 'content'}), a JSON "
