@@ -258,6 +258,9 @@ class TokenCounts:
         """Load a file written by :meth:`save`; anything else is refused with a clear message."""
         not_ours = (f"{os.fspath(path)} is not an hf_vocabspec counts file (made by `hf-vocabspec count` / "
                     "TokenCounts.save)")
+        if os.path.isdir(path):
+            raise ValueError(f"{os.fspath(path)} is a folder, not a counts file: pass the .safetensors file written by "
+                             "`hf-vocabspec count --output FILE`.")
         if not os.path.isfile(path):
             raise FileNotFoundError(f"No such counts file: {os.fspath(path)!r} (make one with `hf-vocabspec count "
                                     "--output FILE` or fix the path).")

@@ -387,6 +387,9 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
                 os.fspath(where).startswith((".", "/", "~")) or os.fspath(where).count("/") > 1):
             raise FileNotFoundError(f"No such drafter directory: {os.fspath(where)!r} (check the path; a Hub repo id "
                                     "looks like 'owner/name').")
+        if isinstance(where, (str, os.PathLike)) and os.path.isfile(where):
+            raise FileNotFoundError(f"{os.fspath(where)!r} is a file: pass the folder a drafter was saved to "
+                                    "(drafter.save_pretrained(dir)).")
         if where is not None and os.path.isdir(where) and not os.path.isfile(os.path.join(where, "config.json")):
             raise FileNotFoundError(f"{os.fspath(where)!r} has no config.json: not a saved drafter (save one with "
                                     "drafter.save_pretrained(dir)).")

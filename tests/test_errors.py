@@ -333,6 +333,7 @@ def no_loading(monkeypatch):
 
 @pytest.fixture
 def user_folder(tmp_path):
+    (tmp_path / "results.txt").write_text("not JSON")
     folder = tmp_path / "project"
     (folder / "src").mkdir(parents=True)
     (folder / "notes.txt").write_text("my notes")
@@ -567,6 +568,9 @@ REFUSED = [
     ("tune", ["--target", SMOL, "--ks", "100000"]),
     ("tune", ["--ks", "100", "--coverages", "0.9"]),
     ("tune", ["--max-new-tokens", "10"]),
+    ("tune", ["--storage", "results.txt/study.journal"]),
+    ("select", ["--counts", "c", "--storage", "."]),
+    ("trim", ["--k", "10", "--push-to-hub", "u/r", "--bench-results", "results.txt"]),
 ]
 
 
@@ -605,3 +609,23 @@ def test_unreadable_datasets_name_the_file_the_line_and_the_format(capsys, tmp_p
         assert str(tmp_path / name) in line and where in line and "'messages' list" in line, err
         assert "An error occurred while generating" not in err
     assert not (tmp_path / "c.safetensors").exists()
+
+
+def test_drafter_of_another_tokenizer_is_refused_before_loading(capsys, no_loading, tmp_path, same_size_other_tok):
+    same_size_other_tok.save_pretrained(tmp_path / "other")
+    for command in ("bench", "tune", "demo"):
+        rc, err = run_cli(capsys, command, "--target", SMOL, "--drafter", str(tmp_path / "other"),
+                          "--output", str(tmp_path / "out"))
+        assert rc == 2 and "--drafter" in err and "fingerprints differ" in err, err
+        assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_for_a_file_and_a_file_for_a_folder(tmp_path, saved):
+    with pytest.raises(ValueError, match="is a folder, not a counts file"):
+        TokenCounts.load(tmp_path)
+    _, path = saved
+    with pytest.raises(FileNotFoundError, match="is a file: pass the folder"):
+        TrimmedDrafter.from_pretrained(path / "model.safetensors")
+    LlamaForCausalLM(llama_config()).save_pretrained(tmp_path / "plain")
+    with pytest.raises(OSError, match="is not a trimmed drafter .*model_type 'llama'"):
+        TrimmedDrafter.from_pretrained(tmp_path / "plain")

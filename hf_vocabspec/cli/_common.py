@@ -288,3 +288,58 @@ def output_folder(out: Path):
 def overwrite_arg(p) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="replace --output even if it is not an earlier output of this command (its files are deleted)")
+
+
+def check_same_tokenizer(name: str, tokenizer, *, option: str, other: str) -> None:
+    """``name`` (a model given as ``option``) must use ``tokenizer``: fingerprints when it has a tokenizer, else its
+    config's vocabulary size (a model saved without one). Cheap: no model is loaded."""
+    from .._io import first_line
+    from ..drafter import tokenizer_sha256
+    from ..evaluation.offline import load_tokenizer, resolve_model_path
+
+    fix = "drafter and target must share a tokenizer; pass matching models"
+    try:
+        its = load_tokenizer(name)
+    except Exception:  # noqa: BLE001 - no tokenizer there: fall back to the config below
+        its = None
+    if its is not None:
+        if tokenizer_sha256(its) != tokenizer_sha256(tokenizer):
+            raise UsageError(f"{option} {name} uses another tokenizer than {other} (tokenizer fingerprints differ): "
+                             f"{fix}.")
+        return
+    from transformers import AutoConfig
+
+    try:
+        rows = AutoConfig.from_pretrained(resolve_model_path(name)).get_text_config().vocab_size
+    except Exception as err:  # noqa: BLE001
+        raise UsageError(f"{option} {name}: neither a tokenizer nor a model config could be read ({first_line(err)}): "
+                         "pass a model directory, Hub id or offline name.") from err
+    n = len(tokenizer)
+    if n > rows or rows - n > max(1024, rows // 64):
+        raise UsageError(f"{option} {name} has a {rows:,}-token vocabulary but {other} has a {n:,}-token tokenizer: "
+                         f"{fix}.")
+
+
+def check_storage(storage: str | None, option: str = "--storage") -> None:
+    """A journal file must be creatable where it is named (else optuna fails after the latency measurement)."""
+    if storage is None or "://" in storage or storage.startswith("sqlite:"):
+        return
+    path = Path(storage).expanduser()
+    if path.is_dir():
+        raise UsageError(f"{option} {storage} is a folder: name a journal file, e.g. {Path(storage) / 'study.journal'}.")
+    for above in path.resolve().parents:
+        if above.exists():
+            if not above.is_dir():
+                raise UsageError(f"{option} {storage}: {str(above)!r} is a file, not a folder: choose another path.")
+            break
+
+
+def check_bench_results(path: str, option: str = "--bench-results") -> None:
+    """The results.json of `hf-vocabspec bench`, checked before trimming (it is read only when pushing)."""
+    try:
+        report = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise UsageError(f"{option} {path} is not readable JSON ({str(err)[:100]}): pass the results.json written "
+                         "by `hf-vocabspec bench`.") from None
+    if not isinstance(report, dict) or not isinstance(report.get("runs"), list):
+        raise UsageError(f"{option} {path} has no 'runs' list: pass the results.json written by `hf-vocabspec bench`.")

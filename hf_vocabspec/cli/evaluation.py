@@ -13,6 +13,7 @@ from ._common import (
     DTYPES,
     UsageError,
     check_dataset_name,
+    check_same_tokenizer,
     check_ks_in_vocabulary,
     coverage_fraction,
     given,
@@ -27,9 +28,19 @@ from ._common import (
 )
 
 
+def check_drafter_tokenizer(args) -> None:
+    """--drafter must share the target's tokenizer: checked on the tokenizers, before any model is loaded."""
+    if getattr(args, "drafter", None):
+        from ..evaluation.offline import load_tokenizer
+
+        check_same_tokenizer(args.drafter, load_tokenizer(args.target), option="--drafter",
+                             other=f"the target {args.target}")
+
+
 def cmd_demo(args) -> int:
     out_dir = prepare_output(args.output, "demo", overwrite=args.overwrite, parent_must_exist=False)
     check_dataset_name(args.dataset)
+    check_drafter_tokenizer(args)
     torch.set_num_threads(args.threads or torch.get_num_threads())
     with output_folder(out_dir):
         return _demo(args, out_dir)
@@ -135,6 +146,7 @@ def cmd_bench(args) -> int:
         check_dataset_name(workload, "--workloads")
     if args.ks:
         check_ks_in_vocabulary(args.ks, args.target)
+    check_drafter_tokenizer(args)
     from tqdm.auto import tqdm
 
     from ..evaluation.benchmark import BenchConfig, run_benchmark

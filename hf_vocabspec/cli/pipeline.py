@@ -10,7 +10,10 @@ import torch
 from ._common import (
     DTYPES,
     UsageError,
+    check_bench_results,
     check_dataset_name,
+    check_same_tokenizer,
+    check_storage,
     count_for_args,
     is_main_process,
     log,
@@ -107,6 +110,7 @@ def cmd_select(args) -> int:
     from .._io import atomic_directory
 
     out = prepare_output(args.output, "selection", overwrite=args.overwrite)
+    check_storage(args.storage)
     counts = TokenCounts.load(args.counts)
     counts.check_tokenizer(load_tokenizer(args.drafter), what=f"the counts in {args.counts}")
     _check_reachable(args, counts)
@@ -141,36 +145,6 @@ def _trim_counts(args, tokenizer):
     return counts, held_counts
 
 
-def _check_target(target: str, tokenizer, drafter: str) -> None:
-    """--target must use the drafter's tokenizer: the fingerprints when the target has a tokenizer, else its
-    config's vocabulary size (a target saved without one). Cheap: no model is loaded."""
-    from .._io import first_line
-    from ..drafter import tokenizer_sha256
-    from ..evaluation.offline import load_tokenizer, resolve_model_path
-
-    fix = "a trimmed drafter only serves targets of its own tokenizer; pass the matching target or drafter"
-    try:
-        target_tok = load_tokenizer(target)
-    except Exception:  # noqa: BLE001 - no tokenizer there: fall back to the config below
-        target_tok = None
-    if target_tok is not None:
-        if tokenizer_sha256(target_tok) != tokenizer_sha256(tokenizer):
-            raise UsageError(f"--target {target} uses another tokenizer than the drafter {drafter} (tokenizer "
-                             f"fingerprints differ): {fix}.")
-        return
-    from transformers import AutoConfig
-
-    try:
-        rows = AutoConfig.from_pretrained(resolve_model_path(target)).get_text_config().vocab_size
-    except Exception as err:  # noqa: BLE001
-        raise UsageError(f"--target {target}: neither a tokenizer nor a model config could be read ({first_line(err)}): "
-                         "pass the target's model directory, Hub id or offline name.") from err
-    n = len(tokenizer)
-    if n > rows or rows - n > max(1024, rows // 64):
-        raise UsageError(f"--target {target} has a {rows:,}-token vocabulary but the drafter's tokenizer has {n:,} "
-                         f"tokens: {fix}.")
-
-
 def cmd_trim(args) -> int:
     """count (or --counts) -> select -> trim -> save (-> push); prints a summary."""
     if (args.bench_results or args.private or args.license) and not args.push_to_hub:
@@ -182,6 +156,9 @@ def cmd_trim(args) -> int:
     refuse_together(args, "k", ("min_coverage", "objective", "cost", "n_trials", "seed", "max_k", "storage"),
                     "--k keeps exactly k tokens and skips the search these options steer (drop one of them)")
     out = prepare_output(args.output, "drafter", overwrite=args.overwrite)
+    check_storage(args.storage)
+    if args.bench_results:
+        check_bench_results(args.bench_results)
     if not args.counts:
         check_dataset_name(args.dataset)
     from ..coverage import TokenCounts
@@ -190,7 +167,7 @@ def cmd_trim(args) -> int:
 
     tokenizer = load_tokenizer(args.tokenizer or args.drafter)
     if args.target:  # recorded in the drafter's config: it must be a model this drafter can serve
-        _check_target(args.target, tokenizer, args.tokenizer or args.drafter)
+        check_same_tokenizer(args.target, tokenizer, option="--target", other=f"the drafter {args.tokenizer or args.drafter}")
     if args.k and args.k > len(tokenizer):
         raise UsageError(f"--k {args.k} is beyond the vocabulary ({len(tokenizer):,} tokens): pass --k up to "
                          f"{len(tokenizer):,} (or --min-coverage to choose k).")

@@ -6,6 +6,7 @@ from ._common import (
     DTYPES,
     UsageError,
     check_dataset_name,
+    check_storage,
     check_ks_in_vocabulary,
     coverage_fraction,
     given,
@@ -29,6 +30,10 @@ def cmd_tune(args) -> int:
     check_dataset_name(args.dataset)
     if args.ks:
         check_ks_in_vocabulary(args.ks, args.target)
+    check_storage(args.storage)
+    from .evaluation import check_drafter_tokenizer
+
+    check_drafter_tokenizer(args)
     from tqdm.auto import tqdm
 
     from ..evaluation.tune import format_tune
