@@ -404,7 +404,7 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
             if not local and type(err).__name__ != "SafetensorError":
                 raise  # a Hub id: transformers' own message (not found, no access, offline) says what to do
             first = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)[:200]
-            raise OSError(f"The drafter checkpoint in {os.fspath(where)!r} is truncated, edited or corrupt ({first}): "
+            raise OSError(f"The drafter checkpoint in {os.fspath(where)!r} is truncated or corrupt, or was edited ({first}): "
                           "copy or download it again, or re-save the drafter.") from err
         if any(key == "d2t" or key.endswith(".d2t") for key in info.get("missing_keys", ())):
             raise VocabularyMapError(
