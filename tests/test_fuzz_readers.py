@@ -322,3 +322,75 @@ def test_save_file_roundtrip_of_fixture(files, tmp_path):
     _drafter_same(files["drafter"])(TrimmedDrafter.from_pretrained(files["root"] / "drafter"))
     assert torch.equal(RDKKernel.load(files["root"] / "kernel.safetensors").weights, files["kernel"].weights)
     save_file(load_file(str(files["root"] / "kernel.safetensors")), str(tmp_path / "x.safetensors"))
+
+
+# --- Optuna study files (--storage) of select and tune: resumed, or refused in one line ------------------------------
+TEXT_MUTATION = st.one_of(
+    st.tuples(st.just("truncate"), st.integers(0, 10**7)),
+    st.tuples(st.just("flip"), st.integers(0, 10**7), st.integers(0, 7)),
+    st.tuples(st.just("digit"), st.integers(0, 10**7), st.sampled_from(b"0123456789")),
+    st.tuples(st.just("wrong-type"), st.sampled_from(["empty", "text", "json", "random", "other-ours"]),
+              st.binary(min_size=1, max_size=64)),
+)
+
+
+def apply_text(data: bytes, mutation, other_ours: bytes) -> bytes:
+    if mutation[0] == "digit":  # an edited number: the likeliest hand edit of a journal
+        b = bytearray(data)
+        b[mutation[1] % len(b)] = mutation[2]
+        return bytes(b)
+    return apply(data, mutation, other_ours)
+
+
+@pytest.fixture(scope="module")
+def journals(tmp_path_factory):
+    from test_tune import toy_model
+
+    from hf_vocabspec.cost import LatencyCurve
+    from hf_vocabspec.selection import select_vocabulary, tune
+
+    root = tmp_path_factory.mktemp("journals")
+    v = 4096
+    counts = TokenCounts((1e6 / torch.arange(1, v + 1).double() ** 1.1).long(), 100, 200, "zipf")
+    curve = LatencyCurve([256, 1024, v], [0.010, 0.012, 0.020], 0.009)
+
+    def select(storage):
+        return select_vocabulary(counts, cost=curve, min_coverage=0.9, n_trials=8, storage=storage, k_range=(50, v))
+
+    model = toy_model()
+
+    def tuned(storage):
+        return tune(model, n_trials=6, storage=storage, seed=1)
+
+    select(root / "select.journal")
+    tuned(root / "tune.journal")
+    return {"root": root, "select": select, "tune": tuned, "counts": counts, "model": model}
+
+
+@settings(FUZZ, max_examples=_LONG or 12)
+@given(mutation=TEXT_MUTATION)
+def test_selection_study_reader(journals, tmp_path, mutation):
+    counts = journals["counts"]
+
+    def valid(result):  # a resumed search: any feasible k in range, its value recomputed (never a stored one)
+        assert 50 <= result.k <= 4096 and result.coverage >= 0.9 and result.coverage == counts.coverage(result.k)
+
+    data = apply_text((journals["root"] / "select.journal").read_bytes(), mutation,
+                      (journals["root"] / "tune.journal").read_bytes())
+    check(journals["select"], tmp_path / "s.journal", data, valid)
+
+
+@settings(FUZZ, max_examples=_LONG or 12)
+@given(mutation=TEXT_MUTATION)
+def test_tune_study_reader(journals, tmp_path, mutation):
+    model = journals["model"]
+
+    def valid(result):
+        assert (result.k, result.num_draft_tokens, result.context_tokens) in set(model.grid())
+        assert result.tokens_per_second == model.tokens_per_second(result.k, result.num_draft_tokens,
+                                                                   result.context_tokens)
+        assert all(v == model.tokens_per_second(k, n, c) for k, n, c, v in result.trials)
+
+    data = apply_text((journals["root"] / "tune.journal").read_bytes(), mutation,
+                      (journals["root"] / "select.journal").read_bytes())
+    check(journals["tune"], tmp_path / "t.journal", data, valid)
