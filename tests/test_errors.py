@@ -629,3 +629,21 @@ def test_a_folder_for_a_file_and_a_file_for_a_folder(tmp_path, saved):
     LlamaForCausalLM(llama_config()).save_pretrained(tmp_path / "plain")
     with pytest.raises(OSError, match="is not a trimmed drafter .*model_type 'llama'"):
         TrimmedDrafter.from_pretrained(tmp_path / "plain")
+
+
+def test_a_run_that_fails_later_leaves_no_empty_folders(capsys, monkeypatch, tmp_path):
+    """Found after the checks (a model that cannot be loaded): the folders made for --output are removed again."""
+    from hf_vocabspec.evaluation import offline
+
+    def broken(*a, **k):
+        raise OSError("cannot load this model")
+
+    monkeypatch.setattr(offline, "load_model", broken)
+    rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": f"hello {i}"}]}
+            for i in range(150)]
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    before = _tree(tmp_path)
+    rc, err = run_cli(capsys, "acceptance", "--target", SMOL, "--dataset", str(tmp_path / "chat.jsonl"),
+                      "--count-examples", "20", "--output", str(tmp_path / "results" / "acceptance"))
+    assert rc == 1 and "cannot load this model" in _last_line(err), err
+    assert _tree(tmp_path) == before

@@ -275,13 +275,15 @@ def prepare_output(path: str | None, kind: str, *, overwrite: bool = False, opti
 def output_folder(out: Path):
     """Create ``out`` for a command that writes into it as it goes; if the run fails before writing anything,
     remove the folder again (a failed run leaves no empty folder behind)."""
-    existed = out.exists()
+    created = [p for p in [out, *out.parents] if not p.exists()]  # this folder and any parents made for it
     out.mkdir(parents=True, exist_ok=True)
     try:
         yield out
     except BaseException:
-        if not existed and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()
+        for folder in created:  # innermost first; stop at the first that is not empty
+            if not folder.is_dir() or any(folder.iterdir()):
+                break
+            folder.rmdir()
         raise
 
 
