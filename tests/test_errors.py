@@ -570,6 +570,8 @@ REFUSED = [
     ("tune", ["--max-new-tokens", "10"]),
     ("tune", ["--storage", "results.txt/study.journal"]),
     ("select", ["--counts", "c", "--storage", "."]),
+    ("select", ["--counts", "c", "--max-k", "10"]),
+    ("trim", ["--max-k", "10"]),
     ("trim", ["--k", "10", "--push-to-hub", "u/r", "--bench-results", "results.txt"]),
 ]
 

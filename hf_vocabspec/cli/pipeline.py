@@ -28,6 +28,9 @@ from ._common import (
 )
 
 
+MIN_K = 50  # the smallest kept size the search tries
+
+
 def measured_or_flops(model, ks, *, measure=None):
     """A plausible measured latency curve, else the FLOPs model: (cost, curve or None, note on which was used).
 
@@ -63,6 +66,12 @@ def cmd_count(args) -> int:
     return 0
 
 
+def _check_max_k(args) -> None:
+    if args.max_k < MIN_K:
+        raise UsageError(f"--max-k {args.max_k} is below {MIN_K}, the smallest kept size the search tries: raise --max-k "
+                         "or pass --k to keep exactly k tokens (trim).")
+
+
 def _check_reachable(args, counts) -> None:
     """The coverage constraint must be reachable within --max-k: say so before any timing or search."""
     k_max = min(args.max_k, counts.vocab_size)
@@ -90,7 +99,7 @@ def _select(args, counts, model, out_dir: Path):
         cost = model.config
     result = select_vocabulary(
         counts, cost, min_coverage=args.min_coverage, objective=args.objective, n_trials=args.n_trials,
-        seed=args.seed, k_range=(50, min(args.max_k, vocab)), storage=args.storage,
+        seed=args.seed, k_range=(MIN_K, min(args.max_k, vocab)), storage=args.storage,
     )
     out_dir.mkdir(parents=True, exist_ok=True)  # inside a temp folder swapped in whole (atomic_directory)
     if curve is not None:
@@ -109,6 +118,7 @@ def cmd_select(args) -> int:
 
     from .._io import atomic_directory
 
+    _check_max_k(args)
     out = prepare_output(args.output, "selection", overwrite=args.overwrite)
     check_storage(args.storage)
     counts = TokenCounts.load(args.counts)
@@ -155,6 +165,8 @@ def cmd_trim(args) -> int:
                     "--counts is used as counted, nothing is counted from a dataset (drop one of them)")
     refuse_together(args, "k", ("min_coverage", "objective", "cost", "n_trials", "seed", "max_k", "storage"),
                     "--k keeps exactly k tokens and skips the search these options steer (drop one of them)")
+    if not args.k:
+        _check_max_k(args)
     out = prepare_output(args.output, "drafter", overwrite=args.overwrite)
     check_storage(args.storage)
     if args.bench_results:
