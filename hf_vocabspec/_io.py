@@ -18,6 +18,8 @@ from pathlib import Path
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
     """Call ``write(tmp)`` on a temp sibling of ``path``, then rename it over ``path``."""
     path = Path(path)
+    if path.is_dir():  # os.replace would fail after the write with "[Errno 21] Is a directory"
+        raise IsADirectoryError(f"{path} is a folder: pass a file name (e.g. {path / 'out.safetensors'}).")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}")
     try:

@@ -649,3 +649,14 @@ def test_a_run_that_fails_later_leaves_no_empty_folders(capsys, monkeypatch, tmp
                       "--count-examples", "20", "--output", str(tmp_path / "results" / "acceptance"))
     assert rc == 1 and "cannot load this model" in _last_line(err), err
     assert _tree(tmp_path) == before
+
+
+def test_python_api_file_writers_refuse_a_folder(tmp_path, counts_file, saved):
+    from hf_vocabspec.export import to_sglang_token_map
+
+    drafter, _ = saved
+    with pytest.raises(IsADirectoryError, match="is a folder: pass a file name"):
+        TokenCounts.load(counts_file).save(tmp_path)
+    with pytest.raises(IsADirectoryError, match="is a folder: pass a file name"):
+        to_sglang_token_map(drafter, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []

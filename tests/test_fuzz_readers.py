@@ -394,3 +394,14 @@ def test_tune_study_reader(journals, tmp_path, mutation):
     data = apply_text((journals["root"] / "tune.journal").read_bytes(), mutation,
                       (journals["root"] / "select.journal").read_bytes())
     check(journals["tune"], tmp_path / "t.journal", data, valid)
+
+
+@FUZZ
+@given(mutation=MUTATION)
+def test_load_drafter_reads_a_damaged_config_in_one_line(files, tmp_path, mutation):
+    from hf_vocabspec import load_drafter
+
+    where = tmp_path / "d"
+    _copy_drafter(files["root"] / "drafter", where)
+    data = apply((where / "config.json").read_bytes(), mutation, b"[1, 2]")
+    check(lambda _: load_drafter(where), where / "config.json", data, _drafter_same(files["drafter"]))
