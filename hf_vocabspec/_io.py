@@ -18,6 +18,8 @@ from pathlib import Path
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
     """Call ``write(tmp)`` on a temp sibling of ``path``, then rename it over ``path``."""
     path = Path(path)
+    if path.is_dir():  # os.replace would fail after the write with "[Errno 21] Is a directory"
+        raise IsADirectoryError(f"{path} is a folder: pass a file name (e.g. {path / 'out.safetensors'}).")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}")
     try:
@@ -83,3 +85,43 @@ def build_once(final: str | os.PathLike, build: Callable[[Path], object]) -> Pat
         if final.exists():  # another process finished while we waited
             return final
         return atomic_directory(final, build)
+
+
+# --- reading our safetensors files: one-line errors, checksums ------------------------------------------------------
+def first_line(err: BaseException, limit: int = 200) -> str:
+    """An exception's first non-empty line, shortened (library messages can span pages)."""
+    text = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def read_safetensors(path: str | os.PathLike, what: str, fix: str) -> tuple[dict, dict]:
+    """(tensors, metadata) of a safetensors file; a missing, cut or corrupt file is one ValueError naming ``fix``."""
+    from safetensors import safe_open
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"No such {what}: {os.fspath(path)!r} ({fix}).")
+    try:
+        with safe_open(os.fspath(path), framework="pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
+    except Exception as err:  # SafetensorError (not an OSError), truncated data, bad dtype names, ...
+        raise ValueError(f"{os.fspath(path)} is not a readable {what} ({first_line(err)}): {fix}.") from err
+
+
+def tensors_checksum(tensors: dict, meta: dict, *, skip: str = "sha256") -> str:
+    """SHA-256 over tensors (name, dtype, shape, bytes) and metadata (but ``skip``): edits and bit flips show."""
+    import hashlib
+    import json
+
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().to("cpu").contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(-1).view(torch_uint8()).numpy().tobytes() if t.numel() else b"")
+    h.update(json.dumps({k: v for k, v in sorted(meta.items()) if k != skip}).encode())
+    return h.hexdigest()
+
+
+def torch_uint8():
+    import torch
+
+    return torch.uint8

@@ -160,7 +160,10 @@ def _turns(example: dict, roles_seen: set | None = None) -> tuple[list[str], int
     turns, role_key, content_key = _raw_turns(example)
     if roles_seen is not None and len(roles_seen) < 50:
         roles_seen.update(str(t.get(role_key)) for t in turns)
-    return [_text(t.get(content_key)) for t in turns if t.get(role_key) in _ASSISTANT_ROLES], len(turns)
+    # an assistant turn with no content (null, "", whitespace) is not a turn: counting it would add only its
+    # end-of-turn marker and inflate coverage (100% at k=50 on such data)
+    contents = (_text(t.get(content_key)) for t in turns if t.get(role_key) in _ASSISTANT_ROLES)
+    return [c for c in contents if c.strip()], len(turns)
 
 
 def _examples(dataset: Iterable[dict], max_examples: int | None) -> Iterable[dict]:
@@ -241,18 +244,23 @@ class TokenCounts:
         return int(torch.searchsorted(curve, torch.tensor([float(c)], dtype=torch.float64))[0]) + 1
 
     def save(self, path) -> None:
-        """Safetensors (never pickle); scalar fields in the metadata; atomic write (tmp + os.replace)."""
-        atomic_write(path, lambda tmp: save_file({"counts": self.counts.to(torch.int64).contiguous()}, str(tmp), metadata={
-            "format": _FORMAT, "num_examples": str(self.num_examples),
-            "num_assistant_turns": str(self.num_assistant_turns), "tokenizer_name": self.tokenizer_name,
-            "tokenizer_sha256": self.tokenizer_sha256,
-        }))
+        """Safetensors (never pickle); scalar fields in the metadata with a checksum over them and the vector
+        (an edited or bit-flipped file is refused, never read as other counts); atomic write (tmp + os.replace)."""
+        counts = self.counts.to(torch.int64).contiguous()
+        meta = {"format": _FORMAT, "num_examples": str(self.num_examples),
+                "num_assistant_turns": str(self.num_assistant_turns), "tokenizer_name": self.tokenizer_name,
+                "tokenizer_sha256": self.tokenizer_sha256}
+        meta["counts_sha256"] = _counts_checksum(counts, meta)
+        atomic_write(path, lambda tmp: save_file({"counts": counts}, str(tmp), metadata=meta))
 
     @classmethod
     def load(cls, path) -> TokenCounts:
         """Load a file written by :meth:`save`; anything else is refused with a clear message."""
         not_ours = (f"{os.fspath(path)} is not an hf_vocabspec counts file (made by `hf-vocabspec count` / "
                     "TokenCounts.save)")
+        if os.path.isdir(path):
+            raise ValueError(f"{os.fspath(path)} is a folder, not a counts file: pass the .safetensors file written by "
+                             "`hf-vocabspec count --output FILE`.")
         if not os.path.isfile(path):
             raise FileNotFoundError(f"No such counts file: {os.fspath(path)!r} (make one with `hf-vocabspec count "
                                     "--output FILE` or fix the path).")
@@ -262,16 +270,32 @@ class TokenCounts:
                 if meta.get("format") != _FORMAT or "counts" not in names:
                     shown = ", ".join(sorted(names)[:3]) + (f", ... ({len(names)} tensors)" if len(names) > 3 else "")
                     looks = " It looks like model weights: pass those as --drafter." if len(names) > 3 else ""
-                    raise ValueError(f"{not_ours}: format tag {meta.get('format')!r}, tensors {shown}.{looks}")
+                    raise ValueError(f"{not_ours}: format tag {str(meta.get('format'))[:40]!r}, tensors "
+                                     f"{shown[:200]}.{looks}")
                 counts = f.get_tensor("counts")
         except (ValueError, FileNotFoundError):
             raise
         except Exception as err:  # not safetensors at all (SafetensorError, truncated file, ...)
-            raise ValueError(f"{not_ours}: {err}") from err
+            raise ValueError(f"{not_ours}: {_first_line(err)}") from err
+        name = meta.get("tokenizer_name") or "TOKENIZER"
+        recount = (f"recount with `hf-vocabspec count --tokenizer {name[:100]} --dataset DATASET --output "
+                   f"{os.fspath(path)}`")
         if counts.dtype != torch.int64 or counts.ndim != 1:
             raise ValueError(f"{not_ours}: counts must be a 1-D int64 tensor, got {counts.dtype} {tuple(counts.shape)}.")
-        return cls(counts, int(meta["num_examples"]), int(meta["num_assistant_turns"]), meta["tokenizer_name"],
-                   meta.get("tokenizer_sha256", ""))
+        if not meta.get("tokenizer_sha256") or not meta.get("counts_sha256"):
+            missing = "tokenizer fingerprint" if not meta.get("tokenizer_sha256") else "checksum"
+            raise ValueError(f"The counts file {os.fspath(path)} has no {missing} (made by an older hf_vocabspec, or "
+                             f"edited), so it cannot be checked against a tokenizer: {recount}.")
+        if _counts_checksum(counts, meta) != meta["counts_sha256"]:
+            raise ValueError(f"The counts file {os.fspath(path)} does not match its checksum (edited, cut short or "
+                             f"corrupt): {recount}.")
+        try:
+            n_examples, n_turns = int(meta["num_examples"]), int(meta["num_assistant_turns"])
+        except (KeyError, ValueError):  # unreachable past the checksum unless written by hand
+            raise ValueError(f"{not_ours}: bad num_examples/num_assistant_turns: {recount}.") from None
+        if bool((counts < 0).any()):
+            raise ValueError(f"The counts file {os.fspath(path)} holds negative counts: {recount}.")
+        return cls(counts, n_examples, n_turns, meta.get("tokenizer_name", ""), meta["tokenizer_sha256"])
 
     def check_tokenizer(self, tokenizer, *, what: str = "these counts") -> None:
         """Refuse a tokenizer other than the one counted with (fingerprint, not just size: two tokenizers of
@@ -281,12 +305,15 @@ class TokenCounts:
         name = getattr(tokenizer, "name_or_path", "") or "the given tokenizer"
         how = f" (`hf-vocabspec count --tokenizer {name}`)" if getattr(tokenizer, "name_or_path", "") else ""
         fix = f"count again with it{how} or pass the tokenizer the counts were made with"
-        if self.tokenizer_sha256:
-            if tokenizer_sha256(tokenizer) != self.tokenizer_sha256:
-                raise ValueError(f"{what} were counted with another tokenizer ({self.tokenizer_name!r}) than "
-                                 f"{name!r} (tokenizer fingerprints differ): {fix}.")
-        elif len(tokenizer) > self.vocab_size:
-            raise ValueError(f"{what} cover {self.vocab_size} ids but {name!r} has {len(tokenizer)} tokens: {fix}.")
+        if not self.tokenizer_sha256:
+            raise ValueError(f"{what} carry no tokenizer fingerprint, so they cannot be checked against {name!r}: "
+                             f"count again with it{how}.")
+        if tokenizer_sha256(tokenizer) != self.tokenizer_sha256:
+            raise ValueError(f"{what} were counted with another tokenizer ({self.tokenizer_name!r}) than "
+                             f"{name!r} (tokenizer fingerprints differ): {fix}.")
+        if len(tokenizer) > self.vocab_size:  # same tokenizer, vector cut short: an edited or broken file
+            raise ValueError(f"{what} cover {self.vocab_size} ids but {name!r} has {len(tokenizer)} tokens (the "
+                             f"vector is cut short): count again{how}.")
 
     def __add__(self, other: TokenCounts) -> TokenCounts:
         """Merge counts of shards of one dataset (counting is additive)."""
@@ -363,6 +390,21 @@ def count_assistant_tokens(
         )
     return TokenCounts(torch.from_numpy(counts), n_examples, n_turns, str(getattr(tokenizer, "name_or_path", "")),
                        _fingerprint(tokenizer))
+
+
+def _counts_checksum(counts: torch.Tensor, meta: dict) -> str:
+    """SHA-256 over the count vector and the metadata fields (everything a reader uses)."""
+    import hashlib
+    import json
+
+    h = hashlib.sha256(counts.to(torch.int64).contiguous().numpy().tobytes())
+    h.update(json.dumps({k: v for k, v in sorted(meta.items()) if k != "counts_sha256"}).encode())
+    return h.hexdigest()
+
+
+def _first_line(err: BaseException) -> str:
+    text = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
+    return text[:200]
 
 
 def _fingerprint(tokenizer) -> str:

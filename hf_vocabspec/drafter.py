@@ -14,6 +14,7 @@ import hashlib
 import inspect
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -80,6 +81,8 @@ class TrimmedDrafterConfig(PreTrainedConfig):
                 "Re-create the drafter with `hf_vocabspec.trim_drafter(base_model, keep_token_ids)`."
             )
         cfg = dict(self.drafter_config)
+        for key in ("dtype", "torch_dtype"):  # the body follows the drafter's dtype (from_pretrained(dtype=...)),
+            cfg.pop(key, None)  # not the dtype its base was saved in (else only the head is converted)
         return AutoConfig.for_model(cfg.pop("model_type"), **cfg)
 
 
@@ -371,10 +374,8 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
         try:
             result = super().save_pretrained(tmp, *args, **kwargs)
             if os.path.isdir(final):
-                for entry in os.listdir(final):  # keep what others wrote there, not stale weights or config
-                    stale = entry.endswith((".safetensors", ".py")) or entry in (
-                        "config.json", "generation_config.json", "model.safetensors.index.json")
-                    if not stale and not os.path.exists(os.path.join(tmp, entry)):
+                for entry in os.listdir(final):  # keep what others wrote there; drop only our stale weights
+                    if not _stale_weights(entry) and not os.path.exists(os.path.join(tmp, entry)):
                         src = os.path.join(final, entry)
                         (shutil.copytree if os.path.isdir(src) else shutil.copy2)(src, os.path.join(tmp, entry))
                 old = os.path.join(parent, os.path.basename(tmp).replace(".tmp-", ".old-", 1))
@@ -400,15 +401,24 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
                 os.fspath(where).startswith((".", "/", "~")) or os.fspath(where).count("/") > 1):
             raise FileNotFoundError(f"No such drafter directory: {os.fspath(where)!r} (check the path; a Hub repo id "
                                     "looks like 'owner/name').")
+        if isinstance(where, (str, os.PathLike)) and os.path.isfile(where):
+            raise FileNotFoundError(f"{os.fspath(where)!r} is a file: pass the folder a drafter was saved to "
+                                    "(drafter.save_pretrained(dir)).")
         if where is not None and os.path.isdir(where) and not os.path.isfile(os.path.join(where, "config.json")):
             raise FileNotFoundError(f"{os.fspath(where)!r} has no config.json: not a saved drafter (save one with "
                                     "drafter.save_pretrained(dir)).")
+        local = where is not None and os.path.isdir(where)
+        if local:
+            _check_local_checkpoint(os.fspath(where))  # config.json vs the weights' shapes, before building anything
         try:
             model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
-        except Exception as err:  # safetensors' SafetensorError (not an OSError) for a cut or corrupt file
-            if type(err).__name__ != "SafetensorError":
-                raise
-            raise OSError(f"The drafter's weights file in {os.fspath(where)!r} is truncated or corrupt ({err}): "
+        except VocabularyMapError:
+            raise
+        except Exception as err:  # safetensors' SafetensorError (not an OSError) for a cut or corrupt file, ...
+            if not local and type(err).__name__ != "SafetensorError":
+                raise  # a Hub id: transformers' own message (not found, no access, offline) says what to do
+            first = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)[:200]
+            raise OSError(f"The drafter checkpoint in {os.fspath(where)!r} is truncated or corrupt, or was edited ({first}): "
                           "copy or download it again, or re-save the drafter.") from err
         if any(key == "d2t" or key.endswith(".d2t") for key in info.get("missing_keys", ())):
             raise VocabularyMapError(
@@ -424,7 +434,98 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
             )
         model.validate_vocab_map()
         model.validate_rdk_buffers()  # a kernel announced in config must be present and sound
+        if model.use_context_tokens and not model.supports_context_tokens:  # only an edited config says so
+            raise VocabularyMapError(
+                f"The drafter in {os.fspath(where)!r} has context_tokens on in config.json, but its base does not tie "
+                "its embeddings, so pruned tokens have no head rows: set \"context_tokens\": false in config.json "
+                "or re-save the drafter.")
         return (model, info) if want_info else model
+
+
+def _check_local_checkpoint(path: str) -> None:
+    """Refuse a saved drafter whose config.json is not ours or disagrees with its weights, BEFORE transformers
+    builds the model (an edited hidden_size or layer count would otherwise allocate whatever it says)."""
+    fix = "copy or download the drafter again, or re-save it with drafter.save_pretrained(dir)"
+    bad = f"The drafter checkpoint in {path!r}"
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            cfg = json.load(f)
+    except FileNotFoundError:
+        return  # from_pretrained says "has no config.json"
+    except (OSError, ValueError) as err:
+        raise OSError(f"{bad} has an unreadable config.json ({str(err)[:120]}): {fix}.") from None
+    if not isinstance(cfg, dict) or cfg.get("model_type") != MODEL_TYPE:
+        got = cfg.get("model_type") if isinstance(cfg, dict) else type(cfg).__name__
+        raise OSError(f"{bad} is not a trimmed drafter (config.json model_type {str(got)[:60]!r}, expected "
+                      f"{MODEL_TYPE!r}): {fix}.")
+    body = cfg.get("drafter_config")
+    ints = {"vocab_size": cfg.get("vocab_size"), "draft_vocab_size": cfg.get("draft_vocab_size")}
+    if isinstance(body, dict):
+        ints |= {f"drafter_config.{k}": body.get(k) for k in ("hidden_size", "num_hidden_layers", "vocab_size")}
+    wrong = [k for k, v in ints.items() if isinstance(v, bool) or not isinstance(v, int) or v < 1]
+    if not isinstance(body, dict) or not isinstance(body.get("model_type"), str) or wrong:
+        raise OSError(f"{bad} has a config.json with bad fields ({', '.join(wrong) or 'drafter_config'}): {fix}.")
+    if cfg["vocab_size"] > body["vocab_size"]:
+        raise OSError(f"{bad}: config.json vocab_size {cfg['vocab_size']} exceeds the body's embedding "
+                      f"({body['vocab_size']} rows): {fix}.")
+    if cfg["draft_vocab_size"] > cfg["vocab_size"]:
+        raise OSError(f"{bad}: config.json keeps {cfg['draft_vocab_size']} of {cfg['vocab_size']} tokens: {fix}.")
+    rdk = cfg.get("rdk")
+    if rdk is not None and (not isinstance(rdk, dict) or isinstance(rdk.get("num_targets"), bool)
+                            or not isinstance(rdk.get("num_targets"), int) or rdk["num_targets"] < 1):
+        raise OSError(f"{bad} has a config.json whose `rdk` entry is bad: {fix}.")
+    shapes = _safetensors_shapes(path)
+    if shapes is None:
+        return  # no local safetensors (sharded elsewhere, or missing): transformers reports it
+    expected = {"d2t": [cfg["draft_vocab_size"]], "lm_head.weight": [cfg["draft_vocab_size"], body["hidden_size"]]}
+    if rdk is not None:
+        expected |= {"rdk_targets": [cfg["draft_vocab_size"], rdk["num_targets"]],
+                     "rdk_weights": [cfg["draft_vocab_size"], rdk["num_targets"] + 1]}
+    if rdk is None and ("rdk_targets" in shapes or "rdk_weights" in shapes):
+        raise OSError(f"{bad}: the weights hold an RDK kernel that config.json does not announce (its `rdk` entry is "
+                      f"missing): {fix}.")
+    for name, shape in expected.items():
+        if name in shapes and shapes[name] != shape:
+            raise OSError(f"{bad}: config.json and the weights disagree ({name} is {shapes[name]} in the weights, "
+                          f"{shape} by config.json): {fix}.")
+    layers = {k.split(".")[2] for k in shapes if k.startswith("model.layers.")}
+    if layers and len(layers) != body["num_hidden_layers"]:
+        raise OSError(f"{bad}: config.json says {body['num_hidden_layers']} layers, the weights hold {len(layers)}: "
+                      f"{fix}.")
+    embed = [v for k, v in shapes.items() if k.endswith("embed_tokens.weight")]
+    if embed and embed[0] != [body["vocab_size"], body["hidden_size"]]:
+        raise OSError(f"{bad}: config.json and the weights disagree (embedding {embed[0]} vs vocab_size "
+                      f"{body['vocab_size']}, hidden_size {body['hidden_size']}): {fix}.")
+
+
+def _safetensors_shapes(path: str) -> dict[str, list[int]] | None:
+    """Tensor shapes from the headers of a local checkpoint (no tensor is read); None without one."""
+    import struct
+
+    files = [os.path.join(path, f) for f in sorted(os.listdir(path)) if re.fullmatch(
+        r"model(-\d{5}-of-\d{5})?\.safetensors", f)]
+    if not files:
+        return None
+    shapes = {}
+    for file in files:
+        try:
+            with open(file, "rb") as f:
+                n = struct.unpack("<Q", f.read(8))[0]
+                if n > 100_000_000:
+                    raise ValueError("header length out of range")
+                header = json.loads(f.read(n))
+            shapes |= {k: list(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+        except Exception as err:  # noqa: BLE001 - any damage: one line
+            raise OSError(f"The drafter's weights file {file!r} is truncated or corrupt ({str(err)[:120]}): copy or "
+                          "download it again, or re-save the drafter.") from None
+    return shapes
+
+
+def _stale_weights(name: str) -> bool:
+    """Weight files of an earlier save that the new one replaces (transformers' convention: only its own
+    ``model.safetensors``, its index and ``model-XXXXX-of-XXXXX.safetensors`` shards; nothing else is ours)."""
+    return name in ("model.safetensors", "model.safetensors.index.json") or bool(
+        re.fullmatch(r"model-\d{5}-of-\d{5}\.safetensors", name))
 
 
 _RDK_KERNEL_FIX = (

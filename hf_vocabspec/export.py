@@ -18,10 +18,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ._io import atomic_write
+from ._io import atomic_write, first_line, read_safetensors, tensors_checksum
 from .drafter import TrimmedDrafter
 
 EAGLE3_CONVENTION = "eagle3-offsets"
@@ -72,8 +71,30 @@ save_sglang_token_map = to_sglang_token_map  # the name used in the README
 
 
 def load_sglang_token_map(path) -> torch.Tensor:
-    """Read a hot-token file the way SGLang does (``torch.load(weights_only=True)`` -> int64)."""
-    return _absolute_ids(torch.as_tensor(torch.load(path, weights_only=True), dtype=torch.int64))
+    """Read a hot-token file the way SGLang does (``torch.load(weights_only=True)`` -> int64).
+
+    The zip's CRCs are checked first (torch does not): a bit-flipped file is refused, never read as other ids."""
+    import zipfile
+
+    fix = "export it again with hf_vocabspec.export.to_sglang_token_map(drafter, path)"
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"No such SGLang token map: {str(path)!r} ({fix}).")
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+        if bad is not None:
+            raise ValueError(f"entry {bad} fails its CRC")
+        hot = torch.load(path, weights_only=True)
+    except Exception as err:  # zipfile.BadZipFile, UnpicklingError, RuntimeError of torch's reader, ...
+        raise ValueError(f"{path} is not a readable SGLang token map ({first_line(err)}): {fix}.") from err
+    if not isinstance(hot, (torch.Tensor, list, tuple)):
+        raise ValueError(f"{path} holds a {type(hot).__name__}, not a list or tensor of token ids: {fix}.")
+    if isinstance(hot, torch.Tensor) and (hot.dtype.is_floating_point or hot.dtype == torch.bool or hot.ndim != 1):
+        raise ValueError(f"{path} holds a {hot.dtype} tensor of shape {tuple(hot.shape)}, not 1-D token ids: {fix}.")
+    try:
+        return _absolute_ids(torch.as_tensor(hot, dtype=torch.int64))
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise ValueError(f"{path}: not a token map ({first_line(err)}): {fix}.") from err
 
 
 # --- EAGLE-3 / speculators --------------------------------------------------------------------------------
@@ -135,19 +156,31 @@ def save_eagle3_vocab_map(drafter: TrimmedDrafter, path) -> Path:
     tensors = to_eagle3_vocab_map(drafter)
     metadata = {"draft_vocab_size": str(tensors["d2t"].numel()), "vocab_size": str(tensors["t2d"].numel()),
                 "convention": EAGLE3_CONVENTION, "format": "pt"}
+    metadata["hf_vocabspec_sha256"] = tensors_checksum(tensors, metadata, skip="hf_vocabspec_sha256")
     return atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
 
 
 def load_eagle3_vocab_map(path) -> torch.Tensor:
-    """Absolute target ids from a file written by :func:`save_eagle3_vocab_map` (or any EAGLE-3 d2t/t2d file)."""
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-        keys = set(f.keys())
-        if "d2t" not in keys:
-            raise KeyError(f"{path} has no `d2t` tensor (keys: {sorted(keys)[:10]}).")
-        d2t = f.get_tensor("d2t")
-        t2d = f.get_tensor("t2d") if "t2d" in keys else None
+    """Absolute target ids from a file written by :func:`save_eagle3_vocab_map` (or any EAGLE-3 d2t/t2d file).
+
+    Files we wrote carry a checksum: an edited or bit-flipped one is refused, never read as another map."""
+    fix = "export it again with hf_vocabspec.export.save_eagle3_vocab_map(drafter, path)"
+    tensors, meta = read_safetensors(path, "EAGLE-3 vocabulary map", fix)
+    if "d2t" not in tensors:
+        raise KeyError(f"{path} has no `d2t` tensor (keys: {sorted(tensors)[:10]}).")
+    expected = meta.get("hf_vocabspec_sha256")
+    if expected is not None and tensors_checksum(tensors, meta, skip="hf_vocabspec_sha256") != expected:
+        raise ValueError(f"{path} does not match its checksum (edited or corrupt): {fix}.")
+    d2t, t2d = tensors["d2t"], tensors.get("t2d")
+    if d2t.ndim != 1 or (t2d is not None and t2d.ndim != 1):
+        raise ValueError(f"{path}: `d2t` and `t2d` must be 1-D, got {tuple(d2t.shape)} and "
+                         f"{None if t2d is None else tuple(t2d.shape)}: {fix}.")
     ids = from_eagle3_vocab_map(d2t, t2d)
-    if "draft_vocab_size" in meta and int(meta["draft_vocab_size"]) != ids.numel():
-        raise ValueError(f"{path}: metadata draft_vocab_size={meta['draft_vocab_size']} but d2t has {ids.numel()} entries.")
+    try:
+        size = int(meta["draft_vocab_size"]) if "draft_vocab_size" in meta else ids.numel()
+    except ValueError:
+        raise ValueError(f"{path}: metadata draft_vocab_size={meta['draft_vocab_size'][:20]!r} is not an integer: "
+                         f"{fix}.") from None
+    if size != ids.numel():
+        raise ValueError(f"{path}: metadata draft_vocab_size={size} but d2t has {ids.numel()} entries.")
     return ids

@@ -456,7 +456,7 @@ def _read_config(repo_or_path: str, kwargs: dict) -> tuple[dict, bool]:
         if not cfg.is_file():
             raise DrafterFileMissingError(f"{repo_or_path!r} is a directory without config.json: not a saved drafter "
                                           "(save one with `drafter.save_pretrained(dir)`).")
-        return json.loads(cfg.read_text()), True
+        return _parse_config(cfg, repo_or_path), True
     if path.exists():
         raise DrafterLoadError(f"{repo_or_path!r} is a file: pass the directory that holds config.json and the weights.")
     revision = kwargs.get("revision")
@@ -483,7 +483,20 @@ def _read_config(repo_or_path: str, kwargs: dict) -> tuple[dict, bool]:
     except EntryNotFoundError as err:
         raise DrafterFileMissingError(f"Could not load a drafter from {where}: the repo exists but has no "
                                       f"config.json, so it holds no transformers model. ({_first_line(err)})") from err
-    return json.loads(Path(cfg_file).read_text()), False
+    return _parse_config(Path(cfg_file), repo_or_path), False
+
+
+def _parse_config(path: Path, where: str) -> dict:
+    """config.json as a dict; a damaged or edited one fails in one line naming it (not json's decoder message)."""
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise DrafterLoadError(f"The config.json of {where!r} is not readable JSON ({_first_line(err)}): copy or "
+                               "download the drafter again, or re-save it.") from err
+    if not isinstance(config, dict):
+        raise DrafterLoadError(f"The config.json of {where!r} holds a JSON {type(config).__name__}, not an object: "
+                               "copy or download the drafter again, or re-save it.")
+    return config
 
 
 def _target_vocab_size(target) -> int:

@@ -130,21 +130,40 @@ class RDKKernel:
     def save(self, path: str | Path) -> None:
         from safetensors.torch import save_file
 
+        from ._io import tensors_checksum
+
         meta = {"vocab_size": str(self.vocab_size), "method": self.method, "format": "hf_vocabspec.rdk/1"}
         tensors = {"d2t": self.d2t.contiguous(), "targets": self.targets.contiguous(),
                    "weights": self.weights.contiguous()}
+        meta["sha256"] = tensors_checksum(tensors, meta)
         atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
 
     @classmethod
     def load(cls, path: str | Path) -> RDKKernel:
-        from safetensors import safe_open
+        """A kernel saved by :meth:`save`; a cut, edited or corrupt file is refused in one line (never loaded
+        as another kernel: the file carries a checksum over its tensors and metadata)."""
+        from ._io import read_safetensors, tensors_checksum
 
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            if meta.get("format") != "hf_vocabspec.rdk/1":
-                raise ValueError(f"{path} is not an hf_vocabspec RDK kernel file (saved with RDKKernel.save).")
-            t = {k: f.get_tensor(k) for k in ("d2t", "targets", "weights")}
-        return cls(t["d2t"], t["targets"], t["weights"], int(meta["vocab_size"]), meta.get("method", "custom")).validate()
+        fix = "fit it again (hf_vocabspec.rdk.fit_rdk_kernel) and save it with RDKKernel.save"
+        t, meta = read_safetensors(path, "RDK kernel file", fix)
+        if meta.get("format") != "hf_vocabspec.rdk/1" or set(t) != {"d2t", "targets", "weights"}:
+            raise ValueError(f"{path} is not an hf_vocabspec RDK kernel file (saved with RDKKernel.save).")
+        if "sha256" in meta and tensors_checksum(t, meta) != meta["sha256"]:
+            raise ValueError(f"{path} does not match its checksum (edited or corrupt): {fix}.")
+        kinds = {"d2t": (torch.int64, 1), "targets": (torch.int64, 2), "weights": (torch.float32, 2)}
+        for name, (dtype, ndim) in kinds.items():
+            if t[name].dtype != dtype or t[name].ndim != ndim:
+                raise ValueError(f"{path}: `{name}` must be a {ndim}-D {dtype} tensor, got {t[name].dtype} "
+                                 f"{tuple(t[name].shape)}: {fix}.")
+        try:
+            vocab_size = int(meta["vocab_size"])
+        except (KeyError, ValueError):
+            raise ValueError(f"{path}: metadata vocab_size missing or not an integer: {fix}.") from None
+        d2t = t["d2t"]
+        if d2t.numel() == 0 or bool((d2t < 0).any()) or bool((d2t >= vocab_size).any()) or (
+                d2t.numel() > 1 and not bool((d2t[1:] > d2t[:-1]).all())):
+            raise ValueError(f"{path}: `d2t` must hold strictly increasing ids in [0, {vocab_size}): {fix}.")
+        return cls(d2t, t["targets"], t["weights"], vocab_size, meta.get("method", "custom")).validate()
 
 
 def drafter_kernel(drafter) -> RDKKernel | None:

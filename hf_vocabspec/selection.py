@@ -170,6 +170,31 @@ def _storage(storage):
     return JournalStorage(JournalFileBackend(s))
 
 
+@contextlib.contextmanager
+def _reading_storage(storage):
+    """A damaged study file fails in one line naming it (optuna's JSONDecodeError/KeyError say nothing of the file)."""
+    try:
+        yield
+    except Exception as err:
+        if storage is None or not isinstance(storage, (str, Path)) or isinstance(err, _OurStudyError):
+            raise
+        first = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)[:150]
+        raise ValueError(f"The study storage {str(storage)!r} could not be read ({type(err).__name__}: {first}): it is "
+                         "damaged or edited; delete it to start afresh, or pass another storage.") from err
+
+
+class _OurStudyError(ValueError):
+    """A study refused by our own checks (other settings, params outside the search): passed through as is."""
+
+
+def _check_stored_params(storage, finished, valid) -> None:
+    bad = [t.number for t in finished if not valid(t.params)]
+    if bad:
+        raise _OurStudyError(f"The study storage {str(storage)!r} holds trials outside this search (trial {bad[0]}: "
+                             f"{finished[[t.number for t in finished].index(bad[0])].params}): it was edited or "
+                             "damaged; delete it to start afresh, or pass another storage.")
+
+
 def select_vocabulary(
     counts: TokenCounts,
     cost=None,
@@ -258,17 +283,18 @@ def select_vocabulary(
         trial.set_user_attr("relative_cost", r)
         return v
 
-    with quiet_optuna():
+    with quiet_optuna(), _reading_storage(storage):
         study = optuna.create_study(
             direction="maximize", study_name=name, storage=_storage(storage), load_if_exists=True,
             sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, n_trials)),
         )
         stored = study.user_attrs.get("hf_vocabspec_settings")
+        study.get_trials(deepcopy=False)
         if stored is None:
             study.set_user_attr("hf_vocabspec_settings", settings)
         elif stored != json.loads(json.dumps(settings)):
             diff = sorted(k for k in set(stored) | set(settings) if stored.get(k) != json.loads(json.dumps(settings)).get(k))
-            raise ValueError(f"Study {name!r} in this storage was run with other settings ({', '.join(diff)}): "
+            raise _OurStudyError(f"Study {name!r} in this storage was run with other settings ({', '.join(diff)}): "
                              "pass another study_name (or leave it unset to derive one from the settings).")
 
         complete = (optuna.trial.TrialState.COMPLETE,)
@@ -283,6 +309,7 @@ def select_vocabulary(
                            callbacks=[optuna.study.MaxTrialsCallback(n_trials, states=complete)])
     finished = sorted(study.get_trials(deepcopy=False, states=complete), key=lambda t: t.number)
     # Values recomputed under the current cost (identical to the recorded ones unless the cost was re-measured).
+    _check_stored_params(storage, finished, lambda p: isinstance(p.get("k"), int) and lo <= p["k"] <= hi)
     trials = [(t.number, int(t.params["k"]), *value_of(int(t.params["k"]))) for t in finished]
     feasible = [t for t in trials if t[2] >= min_coverage]
     if feasible:
@@ -503,22 +530,28 @@ def tune(model: ThroughputModel, *, n_trials: int | None = None, seed: int = 42,
     else:
         sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, n_trials))
     complete = (optuna.trial.TrialState.COMPLETE,)
-    with quiet_optuna():
+    with quiet_optuna(), _reading_storage(storage):
         study = optuna.create_study(direction="maximize", study_name=name, storage=_storage(storage),
                                     load_if_exists=True, sampler=sampler)
         stored = study.user_attrs.get("hf_vocabspec_tune_settings")
+        study.get_trials(deepcopy=False)
         if stored is None:
             study.set_user_attr("hf_vocabspec_tune_settings", settings)
         elif stored != json.loads(json.dumps(settings)):
-            raise ValueError(f"Study {name!r} in this storage was run with other settings or measurements: "
+            raise _OurStudyError(f"Study {name!r} in this storage was run with other settings or measurements: "
                              "pass another study_name (or leave it unset to derive one from the settings).")
         done = len(study.get_trials(deepcopy=False, states=complete))
         if done < n_trials:
             study.optimize(model, n_trials=n_trials - done,
                            callbacks=[optuna.study.MaxTrialsCallback(n_trials, states=complete)])
     finished = sorted(study.get_trials(deepcopy=False, states=complete), key=lambda t: t.number)
-    trials = [(int(t.params["k"]), int(t.params["num_draft_tokens"]), bool(t.params["context_tokens"]), float(t.value))
-              for t in finished]
+    cells = set(model.grid())
+    _check_stored_params(storage, finished, lambda p: (p.get("k"), p.get("num_draft_tokens"), p.get("context_tokens"))
+                         in cells)
+    # values recomputed from the model (a stored value is a record, not an input: an edited one changes nothing)
+    trials = [(int(t.params["k"]), int(t.params["num_draft_tokens"]), bool(t.params["context_tokens"]),
+               float(model.tokens_per_second(int(t.params["k"]), int(t.params["num_draft_tokens"]),
+                                             bool(t.params["context_tokens"])))) for t in finished]
     # ties: the smaller head, then the shorter draft, then no context tokens (the cheaper setting)
     k, n, c, v = max(trials, key=lambda t: (t[3], -t[0], -t[1], not t[2]))
     return TuneResult(k, n, c, v, model.speedup(k, n, c), trials, settings, name)

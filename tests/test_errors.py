@@ -309,3 +309,354 @@ def test_missing_counts_file_and_drafter_dir(capsys, tmp_path):
     assert rc == 1 and "No such counts file" in err and len(err.strip().splitlines()) == 1
     rc, err = run_cli(capsys, "rdk-fit", "./no-such-drafter")
     assert rc == 1 and "No such drafter directory: './no-such-drafter'" in err and "Repo id" not in err
+
+
+# --- issue #21: never delete what we did not write ------------------------------------------------------------------
+def _tree(root: Path) -> dict[str, bytes | None]:
+    """Every path under root with its bytes (None for folders): equal trees = nothing created, changed or deleted."""
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    """Fail the test if a command loads a model, a dataset or counts anything."""
+    import hf_vocabspec.cli._common as common
+    from hf_vocabspec.evaluation import offline
+
+    def fail(*a, **k):
+        pytest.fail("loaded a model/dataset before the command line was known to be valid")
+
+    monkeypatch.setattr(offline, "load_model", fail)
+    monkeypatch.setattr(offline, "load_chat_dataset", fail)
+    monkeypatch.setattr(common, "count_for_args", fail)
+
+
+@pytest.fixture
+def user_folder(tmp_path):
+    (tmp_path / "results.txt").write_text("not JSON")
+    folder = tmp_path / "project"
+    (folder / "src").mkdir(parents=True)
+    (folder / "notes.txt").write_text("my notes")
+    (folder / "src" / "main.py").write_text("print('mine')")
+    return folder
+
+
+def test_trim_refuses_an_output_folder_it_did_not_write(capsys, no_loading, user_folder, tmp_path):
+    before = _tree(tmp_path)
+    rc, err = run_cli(capsys, "trim", "--k", "100", "--output", str(user_folder))
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "not an earlier hf-vocabspec drafter output" in err and "notes.txt" in err and "--overwrite" in err
+    assert _tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("argv", [
+    ["trim", "--k", "100"], ["select", "--counts", "c.safetensors"], ["bench"], ["acceptance"], ["tune"],
+    ["demo"], ["rdk-bench"], ["distill"], ["rdk-fit", "d", "--output"],
+])
+def test_output_naming_a_regular_file_is_refused(capsys, no_loading, tmp_path, argv):
+    existing = tmp_path / "results.txt"
+    existing.write_text("keep me")
+    before = _tree(tmp_path)
+    if argv[-1] != "--output":
+        argv = [*argv, "--output"]
+    rc, err = run_cli(capsys, *argv, str(existing))
+    assert rc == 2 and "is a file, not a folder" in err and len(err.strip().splitlines()) == 1, err
+    assert _tree(tmp_path) == before
+
+
+def test_count_output_must_be_a_counts_file_or_new(capsys, no_loading, tmp_path, counts_file):
+    other = tmp_path / "data.safetensors"
+    save_file({"x": torch.zeros(2)}, str(other))
+    before = _tree(tmp_path)
+    rc, err = run_cli(capsys, "count", "--output", str(other))
+    assert rc == 2 and "is not an hf-vocabspec counts file" in err and "--overwrite" in err, err
+    rc, err = run_cli(capsys, "count", "--output", str(tmp_path))
+    assert rc == 2 and "is a folder" in err, err
+    assert _tree(tmp_path) == before
+    from hf_vocabspec.cli._common import prepare_output
+
+    assert prepare_output(str(counts_file), "counts") == counts_file  # our own earlier counts: replaced atomically
+    assert prepare_output(str(other), "counts", overwrite=True) == other
+
+
+def test_an_earlier_output_of_ours_is_accepted_and_anything_added_refused(saved, tok, tmp_path):
+    from hf_vocabspec.cli._common import UsageError, prepare_output
+
+    _, path = saved
+    tok.save_pretrained(path)
+    (path / "custom_generate").mkdir()
+    (path / "custom_generate" / "generate.py").write_text("")
+    assert prepare_output(str(path), "drafter") == path
+    (tmp_path / "empty").mkdir()
+    assert prepare_output(str(tmp_path / "empty"), "drafter") == tmp_path / "empty"
+    (path / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match="it holds notes.txt"):
+        prepare_output(str(path), "drafter")
+    assert prepare_output(str(path), "drafter", overwrite=True) == path
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    for name in ("results.json", "results.md", "throughput_vs_vocab.png"):
+        (bench / name).write_text("{}")
+    assert prepare_output(str(bench), "bench") == bench
+    with pytest.raises(UsageError, match="not an earlier hf-vocabspec tune output"):
+        prepare_output(str(bench), "tune")
+
+
+def test_save_pretrained_keeps_every_file_it_did_not_write(saved):
+    drafter, path = saved
+    mine = {"notes.txt": b"n", "helper.py": b"x = 1", "embeddings.safetensors": b"not ours", "src/main.py": b"m"}
+    for name, data in mine.items():
+        (path / name).parent.mkdir(exist_ok=True)
+        (path / name).write_bytes(data)
+    (path / "model-00001-of-00002.safetensors").write_bytes(b"stale shard of an earlier save")
+    (path / "model.safetensors.index.json").write_text("{}")
+    drafter.save_pretrained(path)
+    for name, data in mine.items():
+        assert (path / name).read_bytes() == data, name
+    assert not (path / "model-00001-of-00002.safetensors").exists()  # only our own stale weights go
+    assert not (path / "model.safetensors.index.json").exists()
+    assert torch.equal(TrimmedDrafter.from_pretrained(path).d2t, drafter.d2t)
+
+
+# --- issue #21: crashes ---------------------------------------------------------------------------------------------
+def test_trim_k_beyond_the_vocabulary_is_refused_before_loading(capsys, no_loading, tmp_path, counts_file):
+    for extra in ([], ["--counts", str(counts_file)]):
+        rc, err = run_cli(capsys, "trim", "--k", "100000", *extra, "--output", str(tmp_path / "out"))
+        assert rc == 2 and "--k 100000 is beyond the vocabulary (49,152 tokens)" in err, err
+        assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture
+def bf16_saved(tmp_path):
+    """A drafter trimmed from a bf16 base whose config says bfloat16 (as a real bf16 checkpoint's does)."""
+    from tiny import make_pair
+
+    target, base = make_pair()
+    base = base.to(torch.bfloat16)
+    base.config.dtype = base.model.config.dtype = torch.bfloat16
+    trim_drafter(base, torch.arange(3, 40)).save_pretrained(tmp_path / "bf16")
+    return target, tmp_path / "bf16"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_from_pretrained_dtype_converts_the_whole_drafter(bf16_saved, dtype):
+    target, path = bf16_saved
+    drafter = TrimmedDrafter.from_pretrained(path, dtype=dtype)
+    assert {p.dtype for p in drafter.parameters()} == {dtype}  # body AND head
+    ids = torch.tensor([[1, 5, 6, 7]])
+    out = target.generate(ids, assistant_model=drafter, max_new_tokens=8, do_sample=False)
+    assert torch.equal(out, target.generate(ids, max_new_tokens=8, do_sample=False))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])
+def test_drafter_dtype_other_than_the_target_s(dtype, kind):
+    """A half-precision drafter for an fp32 target: greedy output identical to target-only, sampling runs."""
+    from tiny import make_pair
+
+    target, base = make_pair(kind)
+    drafter = trim_drafter(base.to(dtype), torch.arange(3, 40))
+    ids = torch.tensor([[1, 5, 6, 7, 9]])
+    for context_tokens in (False, True) if drafter.supports_context_tokens else (False,):
+        drafter.use_context_tokens = context_tokens
+        out = target.generate(ids, assistant_model=drafter, max_new_tokens=12, do_sample=False)
+        assert torch.equal(out, target.generate(ids, max_new_tokens=12, do_sample=False))
+        torch.manual_seed(0)
+        sampled = target.generate(ids, assistant_model=drafter, max_new_tokens=12, do_sample=True)
+        assert sampled.shape[1] > ids.shape[1]
+
+
+# --- issue #21: accepted silently -------------------------------------------------------------------------------
+def test_assistant_turns_without_content_are_not_turns(tok):
+    rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": content}]}
+            for content in (None, "", "  \n")]
+    rows.append({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]})
+    counts = hf_vocabspec.count_assistant_tokens(rows, tok, progress=False)
+    assert counts.num_assistant_turns == 1
+    assert counts.num_tokens == len(tok("hello there", add_special_tokens=False)["input_ids"]) + 1  # + end marker
+    with pytest.raises(ValueError, match="No assistant turns"):
+        hf_vocabspec.count_assistant_tokens(rows[:3], tok, progress=False)
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["--counts", "C", "--dataset", "offline:sharegpt"], "--counts and --dataset contradict"),
+    (["--counts", "C", "--max-examples", "10"], "--counts and --max-examples contradict"),
+    (["--k", "3000", "--min-coverage", "0.99"], "--k and --min-coverage contradict"),
+    (["--k", "3000", "--n-trials", "5", "--objective", "utility"], "--k and --objective, --n-trials contradict"),
+])
+def test_trim_contradictions_are_refused(capsys, no_loading, tmp_path, argv, needle):
+    rc, err = run_cli(capsys, "trim", *argv, "--output", str(tmp_path / "out"))
+    assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_trim_target_of_another_tokenizer_is_refused_before_work(capsys, no_loading, tmp_path, same_size_other_tok):
+    same_size_other_tok.save_pretrained(tmp_path / "other-target")
+    rc, err = run_cli(capsys, "trim", "--k", "100", "--target", str(tmp_path / "other-target"),
+                      "--output", str(tmp_path / "out"))
+    assert rc == 2 and "uses another tokenizer than the drafter" in err and "fingerprints differ" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_counts_without_fingerprint_or_cut_short_are_refused(tmp_path, counts_file, tok):
+    with safe_open_meta(counts_file) as (tensors, meta):
+        pass
+    no_print = dict(meta, tokenizer_sha256="")
+    save_file(tensors, str(tmp_path / "old.safetensors"), metadata=no_print)
+    with pytest.raises(ValueError, match="has no tokenizer fingerprint .*recount with `hf-vocabspec count"):
+        TokenCounts.load(tmp_path / "old.safetensors")
+    save_file({"counts": tensors["counts"][:1000].clone()}, str(tmp_path / "short.safetensors"), metadata=meta)
+    with pytest.raises(ValueError, match="does not match its checksum .*recount with `hf-vocabspec count"):
+        TokenCounts.load(tmp_path / "short.safetensors")
+    edited = dict(meta, num_examples="999")
+    save_file(tensors, str(tmp_path / "edited.safetensors"), metadata=edited)
+    with pytest.raises(ValueError, match="does not match its checksum"):
+        TokenCounts.load(tmp_path / "edited.safetensors")
+    counts = TokenCounts.load(counts_file)
+    short = TokenCounts(counts.counts[:1000], 1, 1, counts.tokenizer_name, counts.tokenizer_sha256)
+    with pytest.raises(ValueError, match="the vector is cut short"):
+        short.check_tokenizer(tok)
+    with pytest.raises(ValueError, match="carry no tokenizer fingerprint"):
+        TokenCounts(counts.counts, 1, 1, "x").check_tokenizer(tok)
+
+
+class safe_open_meta:  # noqa: N801 - a tiny context manager: (tensors, metadata) of a safetensors file
+    def __init__(self, path):
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            self.value = ({k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {}))
+
+    def __enter__(self):
+        return self.value
+
+    def __exit__(self, *exc):
+        return False
+
+
+# --- issue #21: late -- every option of every command checked before any model, dataset or folder ---------------
+SMOL = "offline:smollm2-135m-instruct"
+REFUSED = [
+    ("count", ["--max-examples", "0"]),
+    ("count", ["--dataset", "./no/such/file.jsonl"]),
+    ("trim", ["--k", "100000"]),
+    ("trim", ["--k", "10", "--min-coverage", "0.9"]),
+    ("select", ["--counts", "c", "--n-trials", "0"]),
+    ("rdk-fit", ["d", "--temperature", "0"]),
+    ("rdk-fit", ["d", "--method", "prior", "--sequences", "5"]),
+    ("demo", ["--prompts", "0"]),
+    ("demo", ["--min-coverage", "1.5"]),
+    ("bench", ["--coverages", "1.5"]),
+    ("bench", ["--prompts", "0"]),
+    ("bench", ["--max-new-tokens", "0"]),
+    ("bench", ["--repeats", "0"]),
+    ("bench", ["--target", SMOL, "--ks", "100000"]),
+    ("bench", ["--coverages"]),
+    ("bench", ["--workloads", "./no/such.jsonl"]),
+    ("acceptance", ["--conversations", "0"]),
+    ("acceptance", ["--levels", "1.0"]),
+    ("acceptance", ["--temperatures", "0"]),
+    ("rdk-bench", ["--score-sequences", "0"]),
+    ("rdk-bench", ["--no-generate", "--prompts", "5"]),
+    ("distill", ["--num-layers", "0"]),
+    ("distill", ["--lr", "-1"]),
+    ("tune", ["--draft-lengths", "0"]),
+    ("tune", ["--mode", "t-1"]),
+    ("tune", ["--mode", "hot"]),
+    ("tune", ["--coverages", "1.5"]),
+    ("tune", ["--conversations", "0"]),
+    ("tune", ["--target", SMOL, "--ks", "100000"]),
+    ("tune", ["--ks", "100", "--coverages", "0.9"]),
+    ("tune", ["--max-new-tokens", "10"]),
+    ("tune", ["--storage", "results.txt/study.journal"]),
+    ("select", ["--counts", "c", "--storage", "."]),
+    ("select", ["--counts", "c", "--max-k", "10"]),
+    ("trim", ["--max-k", "10"]),
+    ("trim", ["--k", "10", "--push-to-hub", "u/r", "--bench-results", "results.txt"]),
+]
+
+
+@pytest.mark.parametrize(("command", "argv"), REFUSED, ids=[f"{c} {' '.join(a)}" for c, a in REFUSED])
+@pytest.mark.parametrize("output", ["default", "given"])
+def test_nothing_is_created_or_deleted_when_a_command_is_refused(capsys, monkeypatch, no_loading, tmp_path,
+                                                                 user_folder, command, argv, output):
+    monkeypatch.chdir(tmp_path)
+    if output == "given":
+        argv = [*argv, "--output", str(tmp_path / "out" / "run")]
+    before = _tree(tmp_path)
+    rc, err = run_cli(capsys, command, *argv)
+    assert rc == 2, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert _tree(tmp_path) == before
+
+
+def test_every_command_is_covered_by_the_refusal_test():
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(sub.choices) <= {c for c, _ in REFUSED}
+
+
+# --- issue #21: unclear dataset errors ----------------------------------------------------------------------------
+def test_unreadable_datasets_name_the_file_the_line_and_the_format(capsys, tmp_path):
+    ok = json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]})
+    (tmp_path / "notjson.json").write_text("hello world\n")
+    (tmp_path / "broken.jsonl").write_text(f"{ok}\n{ok}\n{{\"messages\": [broken\n{ok}\n")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "readme.txt").write_text("hi")
+    cases = [("notjson.json", "line 1"), ("broken.jsonl", "line 3"), ("folder", "holds no .json/.jsonl")]
+    for name, where in cases:
+        rc, err = run_cli(capsys, "count", "--dataset", str(tmp_path / name), "--output", str(tmp_path / "c.safetensors"))
+        line = _last_line(err)  # (after datasets' progress bar, which a terminal overwrites)
+        assert rc == 1 and "Traceback" not in err and "Failed to load JSON" not in err, err
+        assert str(tmp_path / name) in line and where in line and "'messages' list" in line, err
+        assert "An error occurred while generating" not in err
+    assert not (tmp_path / "c.safetensors").exists()
+
+
+def test_drafter_of_another_tokenizer_is_refused_before_loading(capsys, no_loading, tmp_path, same_size_other_tok):
+    same_size_other_tok.save_pretrained(tmp_path / "other")
+    for command in ("bench", "tune", "demo"):
+        rc, err = run_cli(capsys, command, "--target", SMOL, "--drafter", str(tmp_path / "other"),
+                          "--output", str(tmp_path / "out"))
+        assert rc == 2 and "--drafter" in err and "fingerprints differ" in err, err
+        assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_for_a_file_and_a_file_for_a_folder(tmp_path, saved):
+    with pytest.raises(ValueError, match="is a folder, not a counts file"):
+        TokenCounts.load(tmp_path)
+    _, path = saved
+    with pytest.raises(FileNotFoundError, match="is a file: pass the folder"):
+        TrimmedDrafter.from_pretrained(path / "model.safetensors")
+    LlamaForCausalLM(llama_config()).save_pretrained(tmp_path / "plain")
+    with pytest.raises(OSError, match="is not a trimmed drafter .*model_type 'llama'"):
+        TrimmedDrafter.from_pretrained(tmp_path / "plain")
+
+
+def test_a_run_that_fails_later_leaves_no_empty_folders(capsys, monkeypatch, tmp_path):
+    """Found after the checks (a model that cannot be loaded): the folders made for --output are removed again."""
+    from hf_vocabspec.evaluation import offline
+
+    def broken(*a, **k):
+        raise OSError("cannot load this model")
+
+    monkeypatch.setattr(offline, "load_model", broken)
+    rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": f"hello {i}"}]}
+            for i in range(150)]
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    before = _tree(tmp_path)
+    rc, err = run_cli(capsys, "acceptance", "--target", SMOL, "--dataset", str(tmp_path / "chat.jsonl"),
+                      "--count-examples", "20", "--output", str(tmp_path / "results" / "acceptance"))
+    assert rc == 1 and "cannot load this model" in _last_line(err), err
+    assert _tree(tmp_path) == before
+
+
+def test_python_api_file_writers_refuse_a_folder(tmp_path, counts_file, saved):
+    from hf_vocabspec.export import to_sglang_token_map
+
+    drafter, _ = saved
+    with pytest.raises(IsADirectoryError, match="is a folder: pass a file name"):
+        TokenCounts.load(counts_file).save(tmp_path)
+    with pytest.raises(IsADirectoryError, match="is a folder: pass a file name"):
+        to_sglang_token_map(drafter, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []

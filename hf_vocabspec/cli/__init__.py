@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from . import evaluation, pipeline, tune
-from ._common import UsageError
+from ._common import UsageError, explicit_options
 
 
 class _Parser(argparse.ArgumentParser):
@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv  # global: accepted before or after the subcommand
     argv = [a for a in argv if a != "--debug"]
     args = build_parser().parse_args(argv)
+    args.explicit = explicit_options(build_parser(), argv)  # typed options: contradictions are checked on these
     try:
         return args.func(args)
     except KeyboardInterrupt:

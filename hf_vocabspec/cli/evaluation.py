@@ -9,10 +9,44 @@ from pathlib import Path
 
 import torch
 
-from ._common import DTYPES, log
+from ._common import (
+    DTYPES,
+    UsageError,
+    check_dataset_name,
+    check_same_tokenizer,
+    check_ks_in_vocabulary,
+    coverage_fraction,
+    given,
+    log,
+    non_negative_int,
+    output_folder,
+    overwrite_arg,
+    positive_float,
+    positive_int,
+    prepare_output,
+    pruned_share,
+)
+
+
+def check_drafter_tokenizer(args) -> None:
+    """--drafter must share the target's tokenizer: checked on the tokenizers, before any model is loaded."""
+    if getattr(args, "drafter", None):
+        from ..evaluation.offline import load_tokenizer
+
+        check_same_tokenizer(args.drafter, load_tokenizer(args.target), option="--drafter",
+                             other=f"the target {args.target}")
 
 
 def cmd_demo(args) -> int:
+    out_dir = prepare_output(args.output, "demo", overwrite=args.overwrite, parent_must_exist=False)
+    check_dataset_name(args.dataset)
+    check_drafter_tokenizer(args)
+    torch.set_num_threads(args.threads or torch.get_num_threads())
+    with output_folder(out_dir):
+        return _demo(args, out_dir)
+
+
+def _demo(args, out_dir: Path) -> int:
     from tqdm.auto import tqdm
 
     from ..drafter import TrimmedDrafter, set_draft_length, trim_drafter
@@ -20,9 +54,6 @@ def cmd_demo(args) -> int:
     from ..evaluation.data import count_split, eval_prompts
     from ..evaluation.offline import load_chat_dataset, load_model, load_tokenizer
 
-    torch.set_num_threads(args.threads or torch.get_num_threads())
-    out_dir = Path(args.output)
-    out_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
 
     log(f"1/5 counting assistant tokens of {args.dataset} with the tokenizer of {args.target}")
@@ -107,6 +138,15 @@ def cmd_demo(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if not args.coverages and not args.ks:
+        raise UsageError("--coverages and --ks are both empty: nothing to trim and measure (give one of them).")
+    out = prepare_output(args.output, "bench", overwrite=args.overwrite, parent_must_exist=False)
+    check_dataset_name(args.dataset)
+    for workload in args.workloads:
+        check_dataset_name(workload, "--workloads")
+    if args.ks:
+        check_ks_in_vocabulary(args.ks, args.target)
+    check_drafter_tokenizer(args)
     from tqdm.auto import tqdm
 
     if args.batch_sizes:
@@ -120,7 +160,8 @@ def cmd_bench(args) -> int:
         num_assistant_tokens=args.num_assistant_tokens, context_tokens=args.context_tokens,
         ssd=args.ssd, ssd_mode=args.ssd_mode,
     )
-    report = run_benchmark(cfg, args.output, progress=lambda s: tqdm(s, desc="generate"))
+    with output_folder(out):
+        report = run_benchmark(cfg, out, progress=lambda s: tqdm(s, desc="generate"))
     from ..evaluation.benchmark import format_report
 
     print(format_report(report))
@@ -148,14 +189,17 @@ def _cmd_batch_bench(args) -> int:
 
 
 def cmd_acceptance(args) -> int:
+    out = prepare_output(args.output, "acceptance", overwrite=args.overwrite, parent_must_exist=False)
+    check_dataset_name(args.dataset)
     from tqdm.auto import tqdm
 
     from ..evaluation.acceptance import run_acceptance_report
 
-    report = run_acceptance_report(args.target, args.output, dataset=args.dataset, count_examples=args.count_examples,
-                                   levels=args.levels, conversations=args.conversations,
-                                   temperatures=args.temperatures, num_draft_tokens=args.num_assistant_tokens,
-                                   progress=lambda s: tqdm(s, desc="score"))
+    with output_folder(out):
+        report = run_acceptance_report(args.target, out, dataset=args.dataset, count_examples=args.count_examples,
+                                       levels=args.levels, conversations=args.conversations,
+                                       temperatures=args.temperatures, num_draft_tokens=args.num_assistant_tokens,
+                                       progress=lambda s: tqdm(s, desc="score"))
     from ..evaluation.acceptance import format_acceptance
 
     print(f"{report['positions']} held-out answer positions, {report['conversations']} conversations")
@@ -165,6 +209,11 @@ def cmd_acceptance(args) -> int:
 
 
 def cmd_rdk_bench(args) -> int:
+    if args.no_generate and given(args, "prompts", "max_new_tokens", "repeats"):
+        raise UsageError(f"{', '.join(given(args, 'prompts', 'max_new_tokens', 'repeats'))} only apply to generation, "
+                         "which --no-generate skips (drop one of them).")
+    out = prepare_output(args.output, "rdk-bench", overwrite=args.overwrite, parent_must_exist=False)
+    check_dataset_name(args.dataset)
     from tqdm.auto import tqdm
 
     from ..evaluation.rdk_benchmark import RDKBenchConfig, run_rdk_benchmark
@@ -176,7 +225,8 @@ def cmd_rdk_bench(args) -> int:
         num_targets=args.num_targets, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
         repeats=args.repeats, generate=not args.no_generate,
     )
-    report = run_rdk_benchmark(cfg, args.output, progress=lambda s: tqdm(s, desc="rdk-bench"))
+    with output_folder(out):
+        report = run_rdk_benchmark(cfg, out, progress=lambda s: tqdm(s, desc="rdk-bench"))
     print((Path(args.output) / "results.md").read_text())
     print(f"done in {report['seconds_total']:.0f} s; results in {args.output}")
     return 0
@@ -189,6 +239,11 @@ def cmd_distill(args) -> int:
     if args.output is None:
         name = str(args.target).removeprefix("offline:").rstrip("/").split("/")[-1]
         args.output = f"results/distilled/{name}-{args.num_layers}l"
+    out = Path(args.output).expanduser()
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--output {args.output} is a file, not a folder: choose a folder name (it is created) or "
+                         "move the file away.")
+    check_dataset_name(args.dataset)
     cfg = DistillConfig(
         target=args.target, num_layers=args.num_layers, dataset=args.dataset, output_dir=args.output,
         seq_len=args.seq_len, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
@@ -217,18 +272,19 @@ def register(sub) -> None:
     d.add_argument("--drafter", default=None, help="default: a reduced-precision copy of the target")
     d.add_argument("--drafter-dtype", choices=sorted(DTYPES), default="bfloat16")
     d.add_argument("--dataset", default="offline:sharegpt")
-    d.add_argument("--count-examples", type=int, default=4000)
-    d.add_argument("--min-coverage", type=float, default=0.99)
-    d.add_argument("--prompts", type=int, default=4)
-    d.add_argument("--max-new-tokens", type=int, default=64)
-    d.add_argument("--max-prompt-tokens", type=int, default=256)
-    d.add_argument("--answer-prefix-tokens", type=int, default=32,
+    d.add_argument("--count-examples", type=positive_int, default=4000)
+    d.add_argument("--min-coverage", type=coverage_fraction, default=0.99)
+    d.add_argument("--prompts", type=positive_int, default=4)
+    d.add_argument("--max-new-tokens", type=positive_int, default=64)
+    d.add_argument("--max-prompt-tokens", type=positive_int, default=256)
+    d.add_argument("--answer-prefix-tokens", type=non_negative_int, default=32,
                    help="prompts carry this many tokens of the reference answer (0: bare chat prompts)")
-    d.add_argument("--num-assistant-tokens", type=int, default=5)
-    d.add_argument("--repeats", type=int, default=1)
-    d.add_argument("--threads", type=int, default=None)
+    d.add_argument("--num-assistant-tokens", type=positive_int, default=5)
+    d.add_argument("--repeats", type=positive_int, default=1)
+    d.add_argument("--threads", type=positive_int, default=None)
     d.add_argument("--strict", action="store_true", help="exit 1 if greedy output differs from target-only")
     d.add_argument("--output", default="results/demo")
+    overwrite_arg(d)
     d.set_defaults(func=cmd_demo)
 
     b = sub.add_parser("bench", help="side-by-side benchmark: methods x vocabulary sizes x workloads x modes")
@@ -236,15 +292,15 @@ def register(sub) -> None:
     b.add_argument("--drafter", default=None)
     b.add_argument("--drafter-dtype", choices=sorted(DTYPES), default="bfloat16")
     b.add_argument("--dataset", default="offline:sharegpt", help="domain the vocabulary is chosen on")
-    b.add_argument("--count-examples", type=int, default=4000)
-    b.add_argument("--coverages", type=float, nargs="*", default=[0.9, 0.95, 0.99])
-    b.add_argument("--ks", type=int, nargs="*", default=[], help="explicit kept sizes, e.g. a selected k and neighbours")
+    b.add_argument("--count-examples", type=positive_int, default=4000)
+    b.add_argument("--coverages", type=coverage_fraction, nargs="*", default=[0.9, 0.95, 0.99])
+    b.add_argument("--ks", type=positive_int, nargs="*", default=[], help="explicit kept sizes, e.g. a selected k and neighbours")
     b.add_argument("--workloads", nargs="+", default=["offline:sharegpt", "offline:humaneval"])
     b.add_argument("--modes", nargs="+", choices=["greedy", "t0.7", "t1"], default=["greedy"])
-    b.add_argument("--prompts", type=int, default=3)
-    b.add_argument("--max-new-tokens", type=int, default=48)
-    b.add_argument("--repeats", type=int, default=2)
-    b.add_argument("--num-assistant-tokens", type=int, default=5)
+    b.add_argument("--prompts", type=positive_int, default=3)
+    b.add_argument("--max-new-tokens", type=positive_int, default=48)
+    b.add_argument("--repeats", type=positive_int, default=2)
+    b.add_argument("--num-assistant-tokens", type=positive_int, default=5)
     b.add_argument("--context-tokens", action="store_true",
                    help="also run every trimmed k with context tokens on (same drafter, method 'trimmed k=K +context')")
     b.add_argument("--ssd", action="store_true",
@@ -257,50 +313,53 @@ def register(sub) -> None:
     b.add_argument("--batched-speculation", choices=["auto", "on", "off"], default="auto",
                    help="with --batch-sizes: the batched loop's fallback rule (auto: measured)")
     b.add_argument("--output", default="results/bench")
+    overwrite_arg(b)
     b.set_defaults(func=cmd_bench)
 
     ac = sub.add_parser("acceptance", help="exact expected acceptance vs kept vocabulary: vanilla vs context tokens")
     ac.add_argument("--target", default="offline:gemma-3-270m")
     ac.add_argument("--dataset", default="offline:sharegpt")
-    ac.add_argument("--count-examples", type=int, default=4000)
-    ac.add_argument("--levels", type=float, nargs="+", default=[0.5, 0.75, 0.9, 0.95, 0.97], help="pruned shares")
-    ac.add_argument("--conversations", type=int, default=24, help="held-out conversations scored")
-    ac.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.7])
-    ac.add_argument("--num-assistant-tokens", type=int, default=5)
+    ac.add_argument("--count-examples", type=positive_int, default=4000)
+    ac.add_argument("--levels", type=pruned_share, nargs="+", default=[0.5, 0.75, 0.9, 0.95, 0.97], help="pruned shares")
+    ac.add_argument("--conversations", type=positive_int, default=24, help="held-out conversations scored")
+    ac.add_argument("--temperatures", type=positive_float, nargs="+", default=[1.0, 0.7])
+    ac.add_argument("--num-assistant-tokens", type=positive_int, default=5)
     ac.add_argument("--output", default="results/acceptance")
+    overwrite_arg(ac)
     ac.set_defaults(func=cmd_acceptance)
 
     rb = sub.add_parser("rdk-bench", help="RDK evidence: acceptance and tau vs kept vocabulary, vanilla vs RDK")
     rb.add_argument("--target", default="offline:gemma-3-270m")
     rb.add_argument("--drafter-dtype", choices=sorted(DTYPES), default="bfloat16")
     rb.add_argument("--dataset", default="offline:sharegpt")
-    rb.add_argument("--count-examples", type=int, default=4000)
-    rb.add_argument("--levels", type=float, nargs="+", default=[0.5, 0.75, 0.9, 0.95, 0.97])
-    rb.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.7])
-    rb.add_argument("--calibration-sequences", type=int, default=150)
-    rb.add_argument("--score-sequences", type=int, default=12)
-    rb.add_argument("--num-targets", type=int, default=8)
-    rb.add_argument("--prompts", type=int, default=3)
-    rb.add_argument("--max-new-tokens", type=int, default=48)
-    rb.add_argument("--repeats", type=int, default=1)
+    rb.add_argument("--count-examples", type=positive_int, default=4000)
+    rb.add_argument("--levels", type=pruned_share, nargs="+", default=[0.5, 0.75, 0.9, 0.95, 0.97])
+    rb.add_argument("--temperatures", type=positive_float, nargs="+", default=[1.0, 0.7])
+    rb.add_argument("--calibration-sequences", type=positive_int, default=150)
+    rb.add_argument("--score-sequences", type=positive_int, default=12)
+    rb.add_argument("--num-targets", type=positive_int, default=8)
+    rb.add_argument("--prompts", type=positive_int, default=3)
+    rb.add_argument("--max-new-tokens", type=positive_int, default=48)
+    rb.add_argument("--repeats", type=positive_int, default=1)
     rb.add_argument("--no-generate", action="store_true", help="only fit and score kernels (no generation)")
     rb.add_argument("--output", default="results/rdk")
+    overwrite_arg(rb)
     rb.set_defaults(func=cmd_rdk_bench)
 
     ds = sub.add_parser("distill", help="distil a small same-tokenizer drafter: the target's first layers, trained by "
                         "KL on transformers' Trainer (accelerate launch ... -m hf_vocabspec.cli distill: N processes)")
     ds.add_argument("--target", default="offline:smollm2-135m-instruct")
-    ds.add_argument("--num-layers", type=int, default=4, help="student depth (the target's first N layers)")
+    ds.add_argument("--num-layers", type=positive_int, default=4, help="student depth (the target's first N layers)")
     ds.add_argument("--dataset", default="offline:sharegpt", help="chat dataset; trains on assistant positions")
-    ds.add_argument("--max-steps", type=int, default=None, help="default 1000 when --time-budget is not given")
-    ds.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+    ds.add_argument("--max-steps", type=positive_int, default=None, help="default 1000 when --time-budget is not given")
+    ds.add_argument("--time-budget", type=positive_float, default=None, metavar="SECONDS",
                     help="stop cleanly (eval + save included) within this wall-clock time")
-    ds.add_argument("--seq-len", type=int, default=256)
-    ds.add_argument("--batch-size", type=int, default=8, help="windows per process and step")
-    ds.add_argument("--lr", type=float, default=3e-4)
-    ds.add_argument("--warmup-steps", type=int, default=10)
-    ds.add_argument("--save-every", type=int, default=50)
-    ds.add_argument("--eval-sequences", type=int, default=16, help="held-out sequences for top-1 agreement")
+    ds.add_argument("--seq-len", type=positive_int, default=256)
+    ds.add_argument("--batch-size", type=positive_int, default=8, help="windows per process and step")
+    ds.add_argument("--lr", type=positive_float, default=3e-4)
+    ds.add_argument("--warmup-steps", type=non_negative_int, default=10)
+    ds.add_argument("--save-every", type=positive_int, default=50)
+    ds.add_argument("--eval-sequences", type=positive_int, default=16, help="held-out sequences for top-1 agreement")
     ds.add_argument("--seed", type=int, default=0)
     ds.add_argument("--target-dtype", choices=["bfloat16", "float32"], default="bfloat16",
                     help="dtype of the target that gives training distributions (agreement is scored vs fp32)")

@@ -10,13 +10,25 @@ import torch
 from ._common import (
     DTYPES,
     UsageError,
-    check_output_parent,
+    check_bench_results,
+    check_dataset_name,
+    check_same_tokenizer,
+    check_storage,
     count_for_args,
-        is_main_process,
+    is_main_process,
     log,
+    given,
+    non_negative_int,
+    overwrite_arg,
+    positive_float,
     positive_int,
+    prepare_output,
+    refuse_together,
     selection_args,
 )
+
+
+MIN_K = 50  # the smallest kept size the search tries
 
 
 def measured_or_flops(model, ks, *, measure=None):
@@ -39,7 +51,8 @@ def measured_or_flops(model, ks, *, measure=None):
 
 
 def cmd_count(args) -> int:
-    check_output_parent(args.output)
+    prepare_output(args.output, "counts", overwrite=args.overwrite)
+    check_dataset_name(args.dataset)
     counts = count_for_args(args)
     if not is_main_process():
         return 0
@@ -51,6 +64,12 @@ def cmd_count(args) -> int:
     for c in (0.9, 0.95, 0.99):
         log(f"  coverage {c:.0%}: top-{counts.smallest_k_for_coverage(c):,} tokens")
     return 0
+
+
+def _check_max_k(args) -> None:
+    if args.max_k < MIN_K:
+        raise UsageError(f"--max-k {args.max_k} is below {MIN_K}, the smallest kept size the search tries: raise --max-k "
+                         "or pass --k to keep exactly k tokens (trim).")
 
 
 def _check_reachable(args, counts) -> None:
@@ -80,9 +99,9 @@ def _select(args, counts, model, out_dir: Path):
         cost = model.config
     result = select_vocabulary(
         counts, cost, min_coverage=args.min_coverage, objective=args.objective, n_trials=args.n_trials,
-        seed=args.seed, k_range=(50, min(args.max_k, vocab)), storage=args.storage,
+        seed=args.seed, k_range=(MIN_K, min(args.max_k, vocab)), storage=args.storage,
     )
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)  # inside a temp folder swapped in whole (atomic_directory)
     if curve is not None:
         curve.plot(out_dir / "latency.png")
     result.plot_pareto(out_dir / "pareto.png")
@@ -97,12 +116,18 @@ def cmd_select(args) -> int:
     from ..coverage import TokenCounts
     from ..evaluation.offline import load_model, load_tokenizer
 
-    check_output_parent(args.output)
+    from .._io import atomic_directory
+
+    _check_max_k(args)
+    out = prepare_output(args.output, "selection", overwrite=args.overwrite)
+    check_storage(args.storage)
     counts = TokenCounts.load(args.counts)
     counts.check_tokenizer(load_tokenizer(args.drafter), what=f"the counts in {args.counts}")
     _check_reachable(args, counts)
     model = load_model(args.drafter, dtype=DTYPES[args.dtype]).eval()
-    result, _ = _select(args, counts, model, Path(args.output))
+    state = {}
+    atomic_directory(out, lambda tmp: state.update(result=_select(args, counts, model, tmp)[0]))
+    result = state["result"]
     log(f"k={result.k:,} coverage={result.coverage:.2%} objective={result.objective}={result.value:.3f} "
          f"predicted draft-step speedup {result.predicted_draft_speedup:.2f}x ({result.cost_source}) -> {args.output}")
     return 0
@@ -136,12 +161,28 @@ def cmd_trim(args) -> int:
         raise UsageError("--bench-results / --private / --license only apply with --push-to-hub REPO_ID.")
     if args.bench_results and not Path(args.bench_results).is_file():
         raise UsageError(f"--bench-results: no such file {args.bench_results!r} (the results.json of `hf-vocabspec bench`).")
-    check_output_parent(args.output)
+    refuse_together(args, "counts", ("dataset", "max_examples"),
+                    "--counts is used as counted, nothing is counted from a dataset (drop one of them)")
+    refuse_together(args, "k", ("min_coverage", "objective", "cost", "n_trials", "seed", "max_k", "storage"),
+                    "--k keeps exactly k tokens and skips the search these options steer (drop one of them)")
+    if not args.k:
+        _check_max_k(args)
+    out = prepare_output(args.output, "drafter", overwrite=args.overwrite)
+    check_storage(args.storage)
+    if args.bench_results:
+        check_bench_results(args.bench_results)
+    if not args.counts:
+        check_dataset_name(args.dataset)
     from ..coverage import TokenCounts
     from ..drafter import trim_drafter
     from ..evaluation.offline import load_model, load_tokenizer
 
     tokenizer = load_tokenizer(args.tokenizer or args.drafter)
+    if args.target:  # recorded in the drafter's config: it must be a model this drafter can serve
+        check_same_tokenizer(args.target, tokenizer, option="--target", other=f"the drafter {args.tokenizer or args.drafter}")
+    if args.k and args.k > len(tokenizer):
+        raise UsageError(f"--k {args.k} is beyond the vocabulary ({len(tokenizer):,} tokens): pass --k up to "
+                         f"{len(tokenizer):,} (or --min-coverage to choose k).")
     held_counts = None
     if args.counts:
         counts = TokenCounts.load(args.counts)
@@ -153,7 +194,6 @@ def cmd_trim(args) -> int:
             return 0
     if not args.k:
         _check_reachable(args, counts)
-    out = Path(args.output)
     model = load_model(args.drafter, dtype=DTYPES[args.dtype]).eval()
     state = {}
 
@@ -169,7 +209,8 @@ def cmd_trim(args) -> int:
             k = result.k
         keep = counts.top_k(k)
         selection = {"method": "top-k by assistant-token count", "k": k, "coverage": counts.coverage(k),
-                     "min_coverage": args.min_coverage, "dataset": getattr(args, "dataset", None),
+                     "min_coverage": None if args.k else args.min_coverage,
+                     "dataset": None if args.counts else getattr(args, "dataset", None),
                      "objective": result.objective if result else "fixed k",
                      "cost_source": result.cost_source if result else None}
         if held_counts is not None:
@@ -233,7 +274,7 @@ def cmd_trim(args) -> int:
 def cmd_rdk_fit(args) -> int:
     """Fit (or build the prior) RDK kernel for a saved trimmed drafter and save it into the checkpoint."""
     from ..coverage import count_assistant_tokens
-    from ..drafter import TrimmedDrafter
+    from ..drafter import TrimmedDrafter, tokenizer_sha256
     from ..evaluation.offline import load_chat_dataset, load_model, load_tokenizer
     from ..rdk import (
         calibration_sequences,
@@ -242,11 +283,23 @@ def cmd_rdk_fit(args) -> int:
         fit_rdk_kernel,
     )
 
+    fitted_only, prior_only = ("sequences", "skip", "temperature"), ("max_examples",)
+    if args.method == "prior" and given(args, *fitted_only):
+        raise UsageError(f"{', '.join(given(args, *fitted_only))} only apply with --method fitted (drop them).")
+    if args.method == "fitted" and given(args, *prior_only):
+        raise UsageError("--max-examples only applies with --method prior (drop it).")
+    if args.output is not None:
+        prepare_output(args.output, "drafter", overwrite=args.overwrite)
+    check_dataset_name(args.dataset)
     drafter = TrimmedDrafter.from_pretrained(args.drafter)
     target_name = args.target or drafter.config.target_model
     if not target_name:
-        raise SystemExit("The drafter does not record its target: pass --target (the model whose distributions to fit).")
+        raise UsageError("The drafter does not record its target: pass --target (the model whose distributions to fit).")
     tokenizer = load_tokenizer(target_name)
+    expected = drafter.config.target_tokenizer_sha256
+    if expected and tokenizer_sha256(tokenizer) != expected:
+        raise UsageError(f"--target {target_name} uses another tokenizer than the drafter {args.drafter} was trimmed "
+                         "for (tokenizer fingerprints differ): pass the target the drafter serves.")
     dataset = load_chat_dataset(args.dataset)
     if args.method == "fitted":
         log(f"calibrating on {args.sequences} assistant turns of {args.dataset} with {target_name} (T={args.temperature})")
@@ -276,6 +329,7 @@ def register(sub) -> None:
                    help="chat dataset: Hub id, local .json/.jsonl/.parquet/.csv, or offline name")
     c.add_argument("--max-examples", type=positive_int, default=None, help="count only the first N conversations (default: all)")
     c.add_argument("--output", default="counts.safetensors", help="counts file to write (safetensors)")
+    overwrite_arg(c)
     c.set_defaults(func=cmd_count)
 
     t = sub.add_parser("trim", help="trim a drafter's LM head to the tokens that cover the workload")
@@ -298,7 +352,9 @@ def register(sub) -> None:
                    help="with --push-to-hub: add this kept size's rows of an `hf-vocabspec bench` results.json to the card")
     t.add_argument("--no-custom-generate", action="store_true",
                    help="do not write/push the custom_generate/ recipe (target.generate(custom_generate=repo))")
-    t.add_argument("--output", default="trimmed-drafter", help="directory to save the drafter to (replaced whole)")
+    t.add_argument("--output", default="trimmed-drafter",
+                   help="directory to save the drafter to (an earlier drafter there is replaced whole)")
+    overwrite_arg(t)
     t.set_defaults(func=cmd_trim)
 
     se = sub.add_parser("select", help="choose the kept vocabulary size: TPE under a coverage constraint")
@@ -307,6 +363,7 @@ def register(sub) -> None:
     se.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="drafter dtype for the timing")
     selection_args(se)
     se.add_argument("--output", default="selection", help="directory for selection.json, pareto.png, latency.png")
+    overwrite_arg(se)
     se.set_defaults(func=cmd_select)
 
     rf = sub.add_parser("rdk-fit", help="fit an RDK kernel (out-of-vocabulary sampling) into a saved trimmed drafter")
@@ -316,9 +373,10 @@ def register(sub) -> None:
     rf.add_argument("--method", choices=["fitted", "prior"], default="fitted",
                     help="fitted on target distributions, or the embedding-similarity prior")
     rf.add_argument("--sequences", type=positive_int, default=150, help="calibration assistant turns (fitted)")
-    rf.add_argument("--skip", type=int, default=0, help="skip this many assistant turns (e.g. those counted)")
+    rf.add_argument("--skip", type=non_negative_int, default=0, help="skip this many assistant turns (e.g. those counted)")
     rf.add_argument("--max-examples", type=positive_int, default=4000, help="conversations counted (prior)")
-    rf.add_argument("--temperature", type=float, default=1.0, help="sampling temperature the kernel is fitted for")
+    rf.add_argument("--temperature", type=positive_float, default=1.0, help="sampling temperature the kernel is fitted for")
     rf.add_argument("--num-targets", type=positive_int, default=8, help="pruned neighbours per kept token (m)")
     rf.add_argument("--output", default=None, help="default: overwrite the drafter directory")
+    overwrite_arg(rf)
     rf.set_defaults(func=cmd_rdk_fit)

@@ -2,27 +2,49 @@
 
 from __future__ import annotations
 
-from ._common import DTYPES, log
+from ._common import (
+    DTYPES,
+    UsageError,
+    check_dataset_name,
+    check_storage,
+    check_ks_in_vocabulary,
+    coverage_fraction,
+    given,
+    log,
+    non_negative_int,
+    output_folder,
+    overwrite_arg,
+    positive_int,
+    prepare_output,
+    refuse_together,
+    sampling_mode,
+)
 
 
 def cmd_tune(args) -> int:
+    refuse_together(args, "ks", ("coverages",), "--ks replaces the kept sizes --coverages would choose (drop one)")
+    if not args.validate and given(args, "validate_draft_lengths", "max_new_tokens"):
+        raise UsageError(f"{', '.join(given(args, 'validate_draft_lengths', 'max_new_tokens'))} only apply with "
+                         "--validate PROMPTS (add it or drop them).")
+    out = prepare_output(args.output, "tune", overwrite=args.overwrite, parent_must_exist=False)
+    check_dataset_name(args.dataset)
+    if args.ks:
+        check_ks_in_vocabulary(args.ks, args.target)
+    check_storage(args.storage)
+    from .evaluation import check_drafter_tokenizer
+
+    check_drafter_tokenizer(args)
     from tqdm.auto import tqdm
 
-    from ..evaluation.tune import format_tune, run_tune
+    from ..evaluation.tune import format_tune
 
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
     log(f"measuring acceptance, draft latency per k and verify latency per L+1 for {args.target}")
-    report = run_tune(
-        args.target, args.drafter or args.target, args.output, dataset=args.dataset,
-        count_examples=args.count_examples, conversations=args.conversations, coverages=args.coverages,
-        ks=args.ks, draft_lengths=args.draft_lengths, mode=args.mode, drafter_dtype=DTYPES[args.drafter_dtype],
-        n_trials=args.n_trials, storage=args.storage, seed=args.seed, repeats=args.repeats,
-        save_drafter=not args.no_save, validate_prompts=args.validate, validate_draft_lengths=args.validate_draft_lengths,
-        max_new_tokens=args.max_new_tokens, progress=lambda xs: tqdm(xs, leave=False),
-    )
+    with output_folder(out):
+        report = _run(args, out, tqdm)
     print(format_tune(report))
     if "validation" in report:
         from ..evaluation.tune import format_validation
@@ -33,29 +55,43 @@ def cmd_tune(args) -> int:
     return 0
 
 
+def _run(args, out, tqdm) -> dict:
+    from ..evaluation.tune import run_tune
+
+    return run_tune(
+        args.target, args.drafter or args.target, out, dataset=args.dataset,
+        count_examples=args.count_examples, conversations=args.conversations, coverages=args.coverages,
+        ks=args.ks, draft_lengths=args.draft_lengths, mode=args.mode, drafter_dtype=DTYPES[args.drafter_dtype],
+        n_trials=args.n_trials, storage=args.storage, seed=args.seed, repeats=args.repeats,
+        save_drafter=not args.no_save, validate_prompts=args.validate, validate_draft_lengths=args.validate_draft_lengths,
+        max_new_tokens=args.max_new_tokens, progress=lambda xs: tqdm(xs, leave=False),
+    )
+
+
 def register(sub) -> None:
     t = sub.add_parser("tune", help="choose kept size k, draft length L and context tokens together (predicted tokens/s)")
     t.add_argument("--target", default="offline:gemma-3-270m")
     t.add_argument("--drafter", default=None, help="untrimmed drafter (default: the target's weights)")
     t.add_argument("--drafter-dtype", choices=sorted(DTYPES), default="bfloat16")
     t.add_argument("--dataset", default="offline:sharegpt")
-    t.add_argument("--count-examples", type=int, default=4000)
-    t.add_argument("--conversations", type=int, default=16, help="held-out conversations scored")
-    t.add_argument("--coverages", type=float, nargs="+", default=[0.9, 0.95, 0.97, 0.98, 0.99, 0.995],
+    t.add_argument("--count-examples", type=positive_int, default=4000)
+    t.add_argument("--conversations", type=positive_int, default=16, help="held-out conversations scored")
+    t.add_argument("--coverages", type=coverage_fraction, nargs="+", default=[0.9, 0.95, 0.97, 0.98, 0.99, 0.995],
                    help="kept sizes searched: the smallest k reaching each coverage")
-    t.add_argument("--ks", type=int, nargs="+", default=None, help="explicit kept sizes (instead of --coverages)")
-    t.add_argument("--draft-lengths", type=int, nargs="+", default=[2, 3, 4, 5, 6, 8, 10, 12])
-    t.add_argument("--mode", default="greedy", help="'greedy' or 't<temperature>' (e.g. t1, t0.7)")
-    t.add_argument("--n-trials", type=int, default=None, help="default: the whole grid (exact argmax)")
+    t.add_argument("--ks", type=positive_int, nargs="+", default=None, help="explicit kept sizes (instead of --coverages)")
+    t.add_argument("--draft-lengths", type=positive_int, nargs="+", default=[2, 3, 4, 5, 6, 8, 10, 12])
+    t.add_argument("--mode", type=sampling_mode, default="greedy", help="'greedy' or 't<temperature>' (e.g. t1, t0.7)")
+    t.add_argument("--n-trials", type=positive_int, default=None, help="default: the whole grid (exact argmax)")
     t.add_argument("--storage", default=None, help="journal file (or sqlite:///...) to resume the study")
     t.add_argument("--seed", type=int, default=42)
-    t.add_argument("--repeats", type=int, default=7, help="timed forwards per latency point")
-    t.add_argument("--threads", type=int, default=None)
+    t.add_argument("--repeats", type=positive_int, default=7, help="timed forwards per latency point")
+    t.add_argument("--threads", type=positive_int, default=None)
     t.add_argument("--no-save", action="store_true", help="do not write the tuned drafter")
-    t.add_argument("--validate", type=int, default=0, metavar="PROMPTS",
+    t.add_argument("--validate", type=non_negative_int, default=0, metavar="PROMPTS",
                    help="also measure the tuned setting next to its neighbours (3 k x --validate-draft-lengths, "
                         "interleaved, same context setting) on this many held-out prompts, and print its rank")
-    t.add_argument("--validate-draft-lengths", type=int, nargs="+", default=[3, 5, 8, 12])
-    t.add_argument("--max-new-tokens", type=int, default=64, help="per prompt, with --validate")
+    t.add_argument("--validate-draft-lengths", type=positive_int, nargs="+", default=[3, 5, 8, 12])
+    t.add_argument("--max-new-tokens", type=positive_int, default=64, help="per prompt, with --validate")
     t.add_argument("--output", default="tune")
+    overwrite_arg(t)
     t.set_defaults(func=cmd_tune)

@@ -12,6 +12,7 @@ and concurrent processes build it once. ``v2`` changes whenever the cached conte
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import importlib.metadata
@@ -386,13 +387,91 @@ def load_chat_dataset(name_or_path: str, split: str = "train", **kwargs: Any) ->
         if builder is None:
             raise ValueError(f"Unsupported data file {path}: use .json, .jsonl, .parquet or .csv.")
         try:
-            ds = datasets.load_dataset(builder, data_files=str(path), split=split, **kwargs)
+            with _quiet_datasets():
+                ds = datasets.load_dataset(builder, data_files=str(path), split=split, **kwargs)
         except ValueError as err:
             if "corresponds to no data" not in str(err):
-                raise
+                raise _unreadable(name_or_path, path, builder, err) from err
             ds = []
+        except Exception as err:  # datasets' "An error occurred while generating the dataset", arrow errors
+            raise _unreadable(name_or_path, path, builder, err) from err
         if len(ds) == 0:
             raise ValueError(f"Dataset file {name_or_path!r} holds no rows: it needs conversations with a "
                              f"'messages' list.")
         return ds
+    if path.is_dir():
+        if (path / "dataset_info.json").is_file() and (path / "state.json").is_file():  # Dataset.save_to_disk
+            return datasets.load_from_disk(str(path))
+        data = [f for f in path.rglob("*") if f.is_file() and "".join(f.suffixes[-2:]).lower().endswith(
+            (".json", ".jsonl", ".parquet", ".csv", ".json.gz", ".jsonl.gz"))]
+        if not data:
+            raise ValueError(f"Dataset folder {name_or_path!r} holds no .json/.jsonl/.parquet/.csv files: pass one "
+                             f"{_EXPECTED_DATA}, or a folder written by Dataset.save_to_disk.")
+        try:
+            return datasets.load_dataset(str(path), split=split, **kwargs)
+        except Exception as err:
+            raise ValueError(f"Dataset folder {name_or_path!r} could not be read as a dataset "
+                             f"({_first_line(err)}): pass one {_EXPECTED_DATA}, or a folder written by "
+                             "Dataset.save_to_disk.") from err
     return datasets.load_dataset(name_or_path, split=split, **kwargs)
+
+
+@contextlib.contextmanager
+def _quiet_datasets():
+    """datasets logs a parse error with its traceback before raising: we report it in one line instead."""
+    import logging
+
+    logger = logging.getLogger("datasets")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+_EXPECTED_DATA = ("JSONL file (one JSON object per line, each with a 'messages' list of {'role', 'content'}), a JSON "
+                  "file holding a list of such objects, or a .parquet/.csv file with a 'messages' column")
+
+
+def _first_line(err: BaseException) -> str:
+    text = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
+    cause = err.__cause__ or err.__context__
+    if "An error occurred while generating the dataset" in text and cause is not None:
+        return _first_line(cause)  # datasets' wrapper: the cause says what is wrong
+    return text[:200]
+
+
+def _json_problem(path: Path) -> str | None:
+    """Where a JSON/JSONL file stops being valid: 'line N: reason' (None if every line/the whole file parses)."""
+    import bz2
+    import lzma
+
+    opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}.get(path.suffix, open)
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError, EOFError) as err:
+        return f"not UTF-8 text ({_first_line(err)})"
+    try:
+        json.loads(text)
+        return None
+    except json.JSONDecodeError as whole:
+        if text.lstrip().startswith("["):  # one JSON document
+            return f"line {whole.lineno}: {whole.msg}"
+    for n, line in enumerate(text.splitlines(), 1):  # JSON lines
+        if line.strip():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                return f"line {n}: {err.msg}"
+            if not isinstance(row, dict):
+                return f"line {n}: a JSON {type(row).__name__}, not an object"
+    return None
+
+
+def _unreadable(name: str, path: Path, builder: str, err: BaseException) -> ValueError:
+    """datasets' error on a local file, as one line naming the file, the line if known, and what we expect."""
+    where = _json_problem(path) if builder == "json" else None
+    detail = where or _first_line(err)
+    return ValueError(f"Dataset file {name!r} could not be read ({detail}): expected a {_EXPECTED_DATA}.")
