@@ -150,7 +150,7 @@ def cmd_bench(args) -> int:
     from tqdm.auto import tqdm
 
     if args.batch_sizes:
-        return _cmd_batch_bench(args)
+        return _cmd_batch_bench(args, out)
     from ..evaluation.benchmark import BenchConfig, run_benchmark
 
     cfg = BenchConfig(
@@ -169,7 +169,7 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def _cmd_batch_bench(args) -> int:
+def _cmd_batch_bench(args, out) -> int:
     """bench --batch-sizes: batched target-only vs batched trimmed speculative vs a batch-1 HF assisted loop."""
     from tqdm.auto import tqdm
 
@@ -182,7 +182,8 @@ def _cmd_batch_bench(args) -> int:
         batch_sizes=tuple(args.batch_sizes), max_new_tokens=args.max_new_tokens, repeats=args.repeats,
         num_assistant_tokens=args.num_assistant_tokens, batched_speculation=args.batched_speculation,
     )
-    report = run_batch_bench(cfg, args.output, progress=lambda s: tqdm.write(s))
+    with output_folder(out):
+        report = run_batch_bench(cfg, out, progress=lambda s: tqdm.write(s))
     print(format_batch_report(report))
     log(f"results: {args.output}/results.json, results.md")
     return 0
@@ -307,7 +308,7 @@ def register(sub) -> None:
                    help="also run SSD (speculative speculative decoding) per trimmed k, next to ordinary drafting at 1 thread")
     b.add_argument("--ssd-mode", choices=["worker", "sync"], default="worker",
                    help="worker: drafter in its own process (1 thread each); sync: tree built inline")
-    b.add_argument("--batch-sizes", type=int, nargs="+", default=None,
+    b.add_argument("--batch-sizes", type=positive_int, nargs="+", default=None,
                    help="batched decoding bench instead: batched target-only vs batched trimmed speculative (first "
                         "coverage, context tokens on) vs a loop of batch-1 HF assisted calls, per batch size")
     b.add_argument("--batched-speculation", choices=["auto", "on", "off"], default="auto",
