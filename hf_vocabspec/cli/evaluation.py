@@ -12,6 +12,28 @@ import torch
 from ._common import DTYPES, log
 
 
+# Demo pairs: G (default, fast) = Gemma-3-270M with its own bf16 copy as drafter; Q = the real Qwen2.5-Coder
+# 0.5B drafter for the 1.5B target (`make setup-pair` installs it; untied heads, so context tokens use kept rows).
+DEMO_PAIRS = {
+    "g": {"target": "offline:gemma-3-270m", "drafter": None},
+    "q": {"target": "offline:qwen2.5-coder-1.5b-instruct", "drafter": "offline:qwen2.5-coder-0.5b-instruct"},
+}
+
+
+def resolve_pair(args) -> None:
+    """Fill --target / --drafter / --drafter-dtype from --pair where not given (drafter dtype: bf16 where the
+    CPU has native bf16, else fp32; a given --drafter-dtype wins)."""
+    from ..evaluation.benchmark import native_bf16
+
+    pair = DEMO_PAIRS[args.pair]
+    if args.target is None:
+        args.target = pair["target"]
+    if args.drafter is None:
+        args.drafter = pair["drafter"]
+    if args.drafter_dtype is None:
+        args.drafter_dtype = "bfloat16" if args.pair == "g" or native_bf16() else "float32"
+
+
 def cmd_demo(args) -> int:
     from tqdm.auto import tqdm
 
@@ -20,6 +42,7 @@ def cmd_demo(args) -> int:
     from ..evaluation.data import count_split, eval_prompts
     from ..evaluation.offline import load_chat_dataset, load_model, load_tokenizer
 
+    resolve_pair(args)
     torch.set_num_threads(args.threads or torch.get_num_threads())
     out_dir = Path(args.output)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -37,7 +60,8 @@ def cmd_demo(args) -> int:
     k = int(keep.numel())
     log(f"    {counts.num_tokens:,} tokens; top-{k:,} of {len(tokenizer):,} cover {counts.coverage(k):.2%}")
 
-    log(f"2/5 loading target (fp32) and drafter ({args.drafter_dtype} copy of the target)")
+    what = f"{args.drafter}, {args.drafter_dtype}" if args.drafter else f"{args.drafter_dtype} copy of the target"
+    log(f"2/5 loading target (fp32) and drafter ({what})")
     target = load_model(args.target, dtype=torch.float32).eval()
     drafter_full = load_model(args.drafter or args.target, dtype=DTYPES[args.drafter_dtype]).eval()
     set_draft_length(drafter_full.generation_config, args.num_assistant_tokens)
@@ -67,7 +91,7 @@ def cmd_demo(args) -> int:
     methods = [
         Method("target only", None),
         Method(f"HF assisted, untrimmed {args.drafter_dtype} drafter", drafter_full),
-        Method(f"hf_vocabspec trimmed drafter (k={k:,})", trimmed),
+        Method(f"hf_vocabspec trimmed drafter (k={k:,}{', +context' if trimmed.use_context_tokens else ''})", trimmed),
     ]
     results = compare_methods(
         target, methods, prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
@@ -192,9 +216,14 @@ def cmd_distill(args) -> int:
 
 def register(sub) -> None:
     d = sub.add_parser("demo", help="count -> trim -> save -> reload -> generate, vs target-only and HF assisted")
-    d.add_argument("--target", default="offline:gemma-3-270m")
-    d.add_argument("--drafter", default=None, help="default: a reduced-precision copy of the target")
-    d.add_argument("--drafter-dtype", choices=sorted(DTYPES), default="bfloat16")
+    d.add_argument("--pair", choices=sorted(DEMO_PAIRS), default="g",
+                   help="g: Gemma-3-270M + its bf16 copy (default, fast); q: Qwen2.5-Coder 0.5B drafting for 1.5B "
+                        "(real pair; `make setup-pair` first)")
+    d.add_argument("--target", default=None, help="default: the pair's target")
+    d.add_argument("--drafter", default=None, help="default: the pair's drafter (pair g: a reduced-precision copy "
+                                                   "of the target)")
+    d.add_argument("--drafter-dtype", choices=sorted(DTYPES), default=None,
+                   help="default: bfloat16 (pair q: bfloat16 where the CPU has native bf16, else float32)")
     d.add_argument("--dataset", default="offline:sharegpt")
     d.add_argument("--count-examples", type=int, default=4000)
     d.add_argument("--min-coverage", type=float, default=0.99)

