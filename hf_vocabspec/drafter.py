@@ -69,6 +69,9 @@ class TrimmedDrafterConfig(PreTrainedConfig):
     # turns it on when the base ties its embeddings; older checkpoints (no field) keep it off.
     context_tokens: bool = False
     max_context_tokens: int = 2048
+    # Pruned LM-head rows kept for context tokens when the base's head is NOT tied to its input embedding
+    # (buffers `context_head` (C, hidden) and `context_ids` (C,) ascending target ids); 0 = none kept.
+    context_head_size: int = 0
     # Verify with hf_vocabspec.verify_head (the target's LM head reading its weight once for the L+1 rows);
     # the runtime switch is `drafter.use_verify_head`, this is its default when the drafter is loaded.
     verify_head: bool = True
@@ -188,6 +191,8 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
         self.last_speculation_stats = None
         if config.rdk:
             self._register_rdk_buffers(int(config.rdk["num_targets"]))
+        if config.context_head_size:
+            self._register_context_head(int(config.context_head_size), body_config.hidden_size)
         # Runtime switch for RDK sampling (only read when a kernel is attached and do_sample=True).
         self.use_rdk = bool((config.rdk or {}).get("enabled", True))
         # Runtime switch for context tokens (greedy and sampling): pruned ids seen in the context get
@@ -196,6 +201,33 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
         # Runtime switch for the verify-time LM head of the target (verify_head.py, issue #15).
         self.use_verify_head = bool(getattr(config, "verify_head", True))
         self.post_init()
+
+    # --- pruned head rows for context tokens (untied heads) ---------------------------------------------
+    def _register_context_head(self, rows: int, hidden: int) -> None:
+        # -1 / NaN mark "not loaded": a checkpoint that announces kept rows but lacks them fails validation.
+        self.register_buffer("context_ids", torch.full((rows,), -1, dtype=torch.long), persistent=True)
+        self.register_buffer("context_head", torch.full((rows, hidden), float("nan")), persistent=True)
+
+    def validate_context_head(self, missing_keys: Iterable[str] = ()) -> None:
+        """Refuse kept pruned rows that config.json announces but the weights lack (``missing_keys`` from loading:
+        transformers fills a missing buffer with uninitialised memory), or that overlap the kept head
+        (torch-only check, so remote-code loading without hf_vocabspec keeps it)."""
+        c = int(getattr(self.config, "context_head_size", 0) or 0)
+        if not c:
+            return
+        ids, rows = getattr(self, "context_ids", None), getattr(self, "context_head", None)
+        fix = ("Re-create the drafter with `hf_vocabspec.trim_drafter(base_model, keep_token_ids)` (it keeps the "
+               "pruned rows of an untied head), or set config.context_head_size = 0 and context tokens off.")
+        missing = sorted(k for k in missing_keys if k.split(".")[-1] in ("context_ids", "context_head"))
+        if missing or ids is None or rows is None or ids.shape != (c,) or rows.shape[0] != c or bool((ids < 0).any()):
+            raise VocabularyMapError("config.json announces kept pruned head rows (context_head_size="
+                                     f"{c}) but the weights lack {missing or '`context_ids`/`context_head`'}. {fix}")
+        if bool((ids >= self.config.vocab_size).any()) or (c > 1 and not bool((ids[1:] > ids[:-1]).all())):
+            raise VocabularyMapError(f"`context_ids` must be strictly increasing target ids below {self.config.vocab_size}. {fix}")
+        if bool((self.t2d[ids] >= 0).any()):
+            raise VocabularyMapError(f"`context_ids` overlaps the kept vocabulary (`d2t`): weights from two drafters? {fix}")
+        if not bool(torch.isfinite(rows).all()):
+            raise VocabularyMapError(f"`context_head` is missing from the weights or holds non-finite values. {fix}")
 
     # --- RDK kernel (out-of-vocabulary sampling, see rdk.py) --------------------------------------------
     def _register_rdk_buffers(self, num_targets: int) -> None:
@@ -301,18 +333,33 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
         return self._head_transform(self.lm_head(hidden_states))
 
     @property
+    def has_context_head(self) -> bool:
+        """True when the pruned rows of an untied head were kept (``context_head``, read only for context rows)."""
+        return bool(getattr(self.config, "context_head_size", 0)) and getattr(self, "context_head", None) is not None
+
+    @property
     def supports_context_tokens(self) -> bool:
-        """Context tokens need the pruned tokens' head rows: the base must tie head and input embeddings."""
-        return bool((self.config.drafter_config or {}).get("tie_word_embeddings", False))
+        """Context tokens need the pruned tokens' head rows: a tied input embedding, or the kept ``context_head``."""
+        return self.has_context_head or bool((self.config.drafter_config or {}).get("tie_word_embeddings", False))
 
     def context_head_rows(self, target_ids: torch.Tensor) -> torch.Tensor:
-        """Output-embedding rows of (pruned) target ids, read from the tied input embedding matrix."""
+        """Output-embedding rows of (pruned) target ids: from the kept ``context_head`` of an untied head, else
+        from the tied input embedding matrix."""
         if not self.supports_context_tokens:
             raise ValueError(
                 "Context tokens need the LM-head rows of pruned tokens, which this drafter no longer has: its base "
-                "model does not tie input and output embeddings. Switch them off: `drafter.use_context_tokens = False`."
+                "model does not tie input and output embeddings and it was trimmed with keep_pruned_rows=False. "
+                "Switch them off: `drafter.use_context_tokens = False` (or re-trim keeping the pruned rows)."
             )
-        return self.get_input_embeddings().weight[target_ids]
+        if not self.has_context_head:
+            return self.get_input_embeddings().weight[target_ids]
+        ids = self.context_ids
+        pos = torch.searchsorted(ids, target_ids.to(ids.device)).clamp_(max=ids.numel() - 1)
+        if not bool((ids[pos] == target_ids.to(ids.device)).all()):
+            missing = target_ids[ids[pos] != target_ids.to(ids.device)][:5].tolist()
+            raise ValueError(f"Target ids {missing} have no kept head row (neither in `d2t` nor in `context_ids`): "
+                             "context tokens can only add pruned ids whose rows were kept.")
+        return self.context_head[pos]
 
     def scatter_to_target(self, draft_logits: torch.Tensor, fill: float = float("-inf")) -> torch.Tensor:
         """Expand draft-space logits (..., K) to the full target vocabulary (..., V)."""
@@ -434,10 +481,11 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
             )
         model.validate_vocab_map()
         model.validate_rdk_buffers()  # a kernel announced in config must be present and sound
+        model.validate_context_head(info.get("missing_keys", ()))  # kept pruned rows announced in config: present, sound
         if model.use_context_tokens and not model.supports_context_tokens:  # only an edited config says so
             raise VocabularyMapError(
-                f"The drafter in {os.fspath(where)!r} has context_tokens on in config.json, but its base does not tie "
-                "its embeddings, so pruned tokens have no head rows: set \"context_tokens\": false in config.json "
+                f"The drafter in {os.fspath(where)!r} has context_tokens on in config.json, but pruned tokens have no head rows "
+                "(its base does not tie its embeddings and no context head was kept): set \"context_tokens\": false in config.json "
                 "or re-save the drafter.")
         return (model, info) if want_info else model
 
@@ -635,12 +683,19 @@ def trim_drafter(
     target_model: str | None = None,
     always_keep_special_tokens: bool = True,
     selection: dict | None = None,
+    keep_pruned_rows: bool = True,
 ) -> TrimmedDrafter:
     """Build a :class:`TrimmedDrafter` from any HF causal LM, keeping only ``keep_token_ids`` in its head.
 
     Special tokens (EOS/BOS/PAD, and the tokenizer's special and chat-template tokens when ``tokenizer``
     is given) are always kept so the drafter can end a turn. The body is reused (not copied); the kept
     head rows are copied, so tied embeddings become untied.
+
+    Context tokens (pruned ids already in the context, drafted with their own head rows) are on by default.
+    A tied base reads those rows from its input embedding (free); for an UNTIED head the pruned rows are
+    copied into the ``context_head`` buffer (read only for context rows, never in the per-token GEMV), which
+    costs (V - K) x hidden x dtype bytes of memory and disk: the drafter's head is stored whole again.
+    ``keep_pruned_rows=False`` drops them (smaller checkpoint, context tokens off for untied heads).
     """
     if isinstance(model, TrimmedDrafter):
         raise ValueError("This model is already trimmed: trim the original (untrimmed) drafter instead.")
@@ -672,6 +727,10 @@ def trim_drafter(
 
     body_cfg = body.config.to_dict()
     body_cfg.pop("_name_or_path", None)
+    pruned = torch.ones(full_vocab, dtype=torch.bool)
+    pruned[d2t] = False
+    pruned = pruned.nonzero().flatten()
+    keep_untied = bool(keep_pruned_rows) and not body_cfg.get("tie_word_embeddings", False) and pruned.numel() > 0
     config = TrimmedDrafterConfig(
         drafter_config=body_cfg,
         vocab_size=vocab_size,
@@ -684,9 +743,10 @@ def trim_drafter(
         bos_token_id=model.config.get_text_config().bos_token_id,
         eos_token_id=model.config.get_text_config().eos_token_id,
         pad_token_id=model.config.get_text_config().pad_token_id,
-        # on wherever the pruned rows stay reachable (tied embeddings): lossless, and it recovers most of
-        # what pruning costs on chat text (README, docs/rdk.md section 8)
-        context_tokens=bool(body_cfg.get("tie_word_embeddings", False)),
+        # on wherever the pruned rows stay reachable (tied embeddings, or kept rows of an untied head):
+        # lossless, and it recovers most of what pruning costs on chat text (README, docs/rdk.md section 8)
+        context_tokens=bool(body_cfg.get("tie_word_embeddings", False)) or keep_untied,
+        context_head_size=len(pruned) if keep_untied else 0,
     )
     dtype = head.weight.dtype
     with torch.device("meta"):
@@ -696,6 +756,9 @@ def trim_drafter(
     drafter.lm_head = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=dtype)
     drafter.lm_head.weight.data.copy_(weight)
     drafter.d2t = d2t.to(weight.device)
+    if keep_untied:
+        drafter.context_ids = pruned.to(weight.device)
+        drafter.context_head = head.weight.detach()[drafter.context_ids].clone()
     drafter.config.dtype = dtype
     drafter._head_transform = _head_transform(body.config)
     gen = GenerationConfig.from_model_config(model.config) if getattr(model, "generation_config", None) is None else (
@@ -706,6 +769,7 @@ def trim_drafter(
     if leftovers:
         raise RuntimeError(f"trim_drafter left uninitialised tensors: {leftovers[:5]}")
     drafter.validate_vocab_map()
+    drafter.validate_context_head()
     drafter.eval()
     return drafter
 

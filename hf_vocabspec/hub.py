@@ -4,7 +4,8 @@
     drafter = load_drafter("user/gemma-3-270m-trimmed", target=target, tokenizer=tok)  # refuses a mismatch
 
 A pushed repo holds ``config.json`` (``model_type: hf_vocabspec_trimmed_drafter``, ``draft_vocab_size``, the map's
-checksum, target and tokenizer fingerprint), ``model.safetensors`` (trimmed head + ``d2t`` absolute ids),
+checksum, target and tokenizer fingerprint), ``model.safetensors`` (trimmed head + ``d2t`` absolute ids; for an
+untied base also ``context_head`` / ``context_ids``, the pruned rows context tokens read),
 ``generation_config.json``, the tokenizer when given, and ``README.md`` rendered from
 ``hf_vocabspec/templates/drafter_card.md`` (package data).
 """
@@ -285,6 +286,7 @@ def build_model_card(drafter: TrimmedDrafter, repo_id: str = "<repo-id>", *, lic
     base_id = model_origin(cfg.base_drafter)["hub_id"]
     target_id = model_origin(cfg.target_model)["hub_id"]
     tags = list(CARD_TAGS) + (["custom_generate"] if custom_generate else [])
+    kept_rows = int(getattr(cfg, "context_head_size", 0) or 0)  # pruned rows of an untied head, for context tokens
     data = ModelCardData(
         library_name="transformers",
         pipeline_tag="text-generation",
@@ -328,6 +330,7 @@ def build_model_card(drafter: TrimmedDrafter, repo_id: str = "<repo-id>", *, lic
         measured=[(r.dataset_name, r.metric_name, _fmt(r.metric_type, r.metric_value)) for r in results],
         rdk=[(k, _fmt(k, v)) for k, v in (cfg.rdk or {}).items() if k in _RDK_CARD_KEYS],
         context_tokens=bool(getattr(cfg, "context_tokens", False)),
+        context_head_size=f"{kept_rows:,}" if kept_rows else "",
         max_context_tokens=f"{getattr(cfg, 'max_context_tokens', 0):,}",
         custom_generate=custom_generate,
     )

@@ -119,3 +119,25 @@ def test_bench_cli_context_tokens_flag():
     parser = build_parser()
     assert parser.parse_args(["bench", "--context-tokens"]).context_tokens is True
     assert parser.parse_args(["bench", "--target", "offline:smollm2-135m-instruct"]).context_tokens is False
+
+
+def test_demo_pair_q_resolves_the_real_pair_and_its_drafter_dtype(monkeypatch):
+    from hf_vocabspec.cli import evaluation as cli_eval
+    from hf_vocabspec.evaluation import benchmark
+
+    parser = build_parser()
+    for native, dtype in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(benchmark, "native_bf16", lambda native=native: native)
+        args = parser.parse_args(["demo", "--pair", "q"])
+        cli_eval.resolve_pair(args)
+        assert (args.target, args.drafter, args.drafter_dtype) == (
+            "offline:qwen2.5-coder-1.5b-instruct", "offline:qwen2.5-coder-0.5b-instruct", dtype)
+    args = parser.parse_args(["demo"])  # pair G stays the default: the target's own bf16 copy drafts
+    cli_eval.resolve_pair(args)
+    assert (args.target, args.drafter, args.drafter_dtype) == ("offline:gemma-3-270m", None, "bfloat16")
+    args = parser.parse_args(["demo", "--pair", "q", "--drafter-dtype", "float32", "--target", "x/y"])
+    cli_eval.resolve_pair(args)
+    assert (args.target, args.drafter_dtype) == ("x/y", "float32")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["demo", "--pair", "z"])
+    assert isinstance(benchmark.machine_info()["native_bf16"], bool)

@@ -112,6 +112,8 @@ def test_load_by_repo_id_generates_identically(hub_client, pushed):  # noqa: F81
         d = load()
         assert isinstance(d, TrimmedDrafter), name
         assert torch.equal(d.d2t, pushed["drafter"].d2t), name
+        # the untied base's pruned rows travel with the push: context tokens stay on after loading by repo id
+        assert d.use_context_tokens and torch.equal(d.context_head, pushed["drafter"].context_head), name
         assert greedy(target, d) == ref, name
 
 
@@ -188,7 +190,9 @@ def test_model_card_without_selection_and_offline_base():
     assert card.data.base_model is None  # a local path is not a Hub id: kept out of the YAML
     assert "/some/local/path" in card.content and "No selection metadata was recorded." in card.content
     assert card.data.draft_vocab_size == drafter.config.draft_vocab_size
-    assert "## Context tokens" not in card.content  # untied base: no context tokens
+    assert "## Context tokens" in card.content and "pruned rows are kept in the `context_head`" in card.content
+    bare = trim_drafter(base, [3, 4, 5], keep_pruned_rows=False)  # untied base without its pruned rows
+    assert "## Context tokens" not in build_model_card(bare, "me/x").content
 
 
 def test_model_card_describes_context_tokens_of_a_tied_drafter():

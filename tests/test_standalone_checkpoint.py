@@ -74,3 +74,37 @@ def test_rdk_drafter_loads_with_trust_remote_code_without_the_package(tmp_path):
     assert proc.returncode == 0 and "STANDALONE-OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
     rdk_line = next(line for line in proc.stdout.splitlines() if line.startswith("RDK"))
     assert rdk_line == f"RDK {int(saved['rdk_targets'].sum())} {float(saved['rdk_weights'].double().sum())}"
+
+
+FRESH_UNTIED = FRESH.split("drafter_dir, target_dir = sys.argv[1], sys.argv[2]")[0] + r'''
+drafter_dir, target_dir = sys.argv[1], sys.argv[2]
+drafter = AutoModelForCausalLM.from_pretrained(drafter_dir, trust_remote_code=True)
+assert type(drafter).__name__ == "TrimmedDrafter", type(drafter)
+assert drafter.supports_context_tokens and drafter.use_context_tokens
+rows = drafter.context_head_rows(drafter.context_ids[:3])
+print("CTX", drafter.config.context_head_size, float(rows.double().sum()))
+target = AutoModelForCausalLM.from_pretrained(target_dir)
+ids = torch.tensor([[1, 5, 9, 13, 7]])
+plain = target.generate(ids, max_new_tokens=12, do_sample=False)
+assert torch.equal(plain, target.generate(ids, max_new_tokens=12, do_sample=False, assistant_model=drafter))
+assert not any(m == "hf_vocabspec" or m.startswith("hf_vocabspec.") for m in sys.modules)
+print("STANDALONE-OK")
+'''
+
+
+def test_untied_drafter_with_kept_rows_loads_with_trust_remote_code_without_the_package(tmp_path):
+    """The kept pruned rows of an untied head (``context_head``) load and validate in the shipped code alone."""
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(llama_config()).eval()
+    drafter = trim_drafter(LlamaForCausalLM(llama_config()).eval(), torch.arange(3, 30))
+    assert drafter.config.context_head_size == llama_config().vocab_size - 30  # kept: 0..2 (specials) and 3..29
+    drafter.save_pretrained(tmp_path / "drafter")
+    target.save_pretrained(tmp_path / "target")
+    saved = load_file(str(tmp_path / "drafter" / "model.safetensors"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["HF_MODULES_CACHE"] = str(tmp_path / "modules")
+    proc = subprocess.run([sys.executable, "-c", FRESH_UNTIED, str(tmp_path / "drafter"), str(tmp_path / "target")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=600)
+    assert proc.returncode == 0 and "STANDALONE-OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("CTX"))
+    assert line == f"CTX {drafter.config.context_head_size} {float(saved['context_head'][:3].double().sum())}"

@@ -37,7 +37,30 @@ def check_drafter_tokenizer(args) -> None:
                              other=f"the target {args.target}")
 
 
+# Demo pairs: G (default, fast) = Gemma-3-270M with its own bf16 copy as drafter; Q = the real Qwen2.5-Coder
+# 0.5B drafter for the 1.5B target (`make setup-pair` installs it; untied heads, so context tokens use kept rows).
+DEMO_PAIRS = {
+    "g": {"target": "offline:gemma-3-270m", "drafter": None},
+    "q": {"target": "offline:qwen2.5-coder-1.5b-instruct", "drafter": "offline:qwen2.5-coder-0.5b-instruct"},
+}
+
+
+def resolve_pair(args) -> None:
+    """Fill --target / --drafter / --drafter-dtype from --pair where not given (drafter dtype: bf16 where the
+    CPU has native bf16, else fp32; a given --drafter-dtype wins)."""
+    from ..evaluation.benchmark import native_bf16
+
+    pair = DEMO_PAIRS[args.pair]
+    if args.target is None:
+        args.target = pair["target"]
+    if args.drafter is None:
+        args.drafter = pair["drafter"]
+    if args.drafter_dtype is None:
+        args.drafter_dtype = "bfloat16" if args.pair == "g" or native_bf16() else "float32"
+
+
 def cmd_demo(args) -> int:
+    resolve_pair(args)
     out_dir = prepare_output(args.output, "demo", overwrite=args.overwrite, parent_must_exist=False)
     check_dataset_name(args.dataset)
     check_drafter_tokenizer(args)
@@ -68,7 +91,8 @@ def _demo(args, out_dir: Path) -> int:
     k = int(keep.numel())
     log(f"    {counts.num_tokens:,} tokens; top-{k:,} of {len(tokenizer):,} cover {counts.coverage(k):.2%}")
 
-    log(f"2/5 loading target (fp32) and drafter ({args.drafter_dtype} copy of the target)")
+    what = f"{args.drafter}, {args.drafter_dtype}" if args.drafter else f"{args.drafter_dtype} copy of the target"
+    log(f"2/5 loading target (fp32) and drafter ({what})")
     target = load_model(args.target, dtype=torch.float32).eval()
     drafter_full = load_model(args.drafter or args.target, dtype=DTYPES[args.drafter_dtype]).eval()
     set_draft_length(drafter_full.generation_config, args.num_assistant_tokens)
@@ -98,7 +122,7 @@ def _demo(args, out_dir: Path) -> int:
     methods = [
         Method("target only", None),
         Method(f"HF assisted, untrimmed {args.drafter_dtype} drafter", drafter_full),
-        Method(f"hf_vocabspec trimmed drafter (k={k:,})", trimmed),
+        Method(f"hf_vocabspec trimmed drafter (k={k:,}{', +context' if trimmed.use_context_tokens else ''})", trimmed),
     ]
     results = compare_methods(
         target, methods, prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
@@ -269,9 +293,14 @@ def cmd_distill(args) -> int:
 
 def register(sub) -> None:
     d = sub.add_parser("demo", help="count -> trim -> save -> reload -> generate, vs target-only and HF assisted")
-    d.add_argument("--target", default="offline:gemma-3-270m")
-    d.add_argument("--drafter", default=None, help="default: a reduced-precision copy of the target")
-    d.add_argument("--drafter-dtype", choices=sorted(DTYPES), default="bfloat16")
+    d.add_argument("--pair", choices=sorted(DEMO_PAIRS), default="g",
+                   help="g: Gemma-3-270M + its bf16 copy (default, fast); q: Qwen2.5-Coder 0.5B drafting for 1.5B "
+                        "(real pair; `make setup-pair` first)")
+    d.add_argument("--target", default=None, help="default: the pair's target")
+    d.add_argument("--drafter", default=None, help="default: the pair's drafter (pair g: a reduced-precision copy "
+                                                   "of the target)")
+    d.add_argument("--drafter-dtype", choices=sorted(DTYPES), default=None,
+                   help="default: bfloat16 (pair q: bfloat16 where the CPU has native bf16, else float32)")
     d.add_argument("--dataset", default="offline:sharegpt")
     d.add_argument("--count-examples", type=positive_int, default=4000)
     d.add_argument("--min-coverage", type=coverage_fraction, default=0.99)

