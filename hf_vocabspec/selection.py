@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from .cost import LatencyCurve, draft_flops, speculative_speedup
+from .cost import LatencyCurve, RoundModel, draft_flops, speculative_speedup
 from .coverage import TokenCounts
 
 OBJECTIVES = ("throughput", "utility")
@@ -361,7 +361,8 @@ class AcceptanceProfile:
 class ThroughputModel:
     """Predicted tokens/s of speculative decoding at (k, L, context tokens) from measured inputs only.
 
-    tokens/s = tau(k, L, ctx) / (L * draft_step(k) + verify(L+1)) with tau from :class:`AcceptanceProfile`,
+    tokens/s = tau(k, L, ctx) / (L * draft_step(k) + verify(L+1)) (:class:`~hf_vocabspec.cost.RoundModel`)
+    with tau from :class:`AcceptanceProfile`,
     the draft step from a measured :class:`~hf_vocabspec.cost.LatencyCurve` and ``verify_seconds[n]`` the
     target's measured forward over n new positions (n = L+1; ``verify_seconds[1]`` is its decode step, the
     target-only baseline). Call it with an Optuna trial to use it as an objective in your own study.
@@ -383,14 +384,19 @@ class ThroughputModel:
     def context_options(self) -> list[bool]:
         return [False, True] if self.acceptance.context is not None else [False]
 
+    @property
+    def rounds(self) -> RoundModel:
+        """The round's costs: draft step from the latency curve, verify forward by position count."""
+        return RoundModel(draft=self.draft_latency, verify=self.verify_seconds)
+
     def tokens_per_second(self, k: int, num_draft_tokens: int, context_tokens: bool = False) -> float:
         tau = self.acceptance.expected_accepted_length(k, num_draft_tokens, context_tokens)
-        seconds = num_draft_tokens * self.draft_latency.predict(k) + self.verify_seconds[num_draft_tokens + 1]
-        return tau / seconds
+        return self.rounds.tokens_per_second(num_draft_tokens, k=k, tau=tau)
 
     def speedup(self, k: int, num_draft_tokens: int, context_tokens: bool = False) -> float:
-        """Predicted speedup over target-only decoding (1 / decode step tokens/s)."""
-        return self.tokens_per_second(k, num_draft_tokens, context_tokens) * self.verify_seconds[1]
+        """Predicted speedup over target-only decoding (its decode step is ``verify_seconds[1]``)."""
+        tau = self.acceptance.expected_accepted_length(k, num_draft_tokens, context_tokens)
+        return self.rounds.speedup(num_draft_tokens, k=k, tau=tau)
 
     def __call__(self, trial) -> float:
         k = trial.suggest_categorical("k", self.acceptance.ks)

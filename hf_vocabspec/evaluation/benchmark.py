@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers.generation.candidate_generator import AssistedCandidateGenerator
 
-from ..cost import iid_acceptance
+from ..cost import RoundModel, iid_acceptance
 from ..drafter import TrimmedDrafter, set_draft_length
 from ..generation import SpeculationStats
 from .data import eval_prompts, first_exchange, load_workload  # noqa: F401 (re-exported)
@@ -185,7 +185,8 @@ def speculation_vs_target(r: MethodResult, base: MethodResult) -> dict:
     because the formula counts time in verify steps while target only pays (cheaper) decode steps. ``a`` is
     the i.i.d. per-token acceptance whose expected tokens per round (1 - a^(L+1)) / (1 - a) equals the measured
     tau: accepted / proposed is not that a (at a = 0.8, L = 5 it reads 0.54), and plugging it in would
-    predict a tau the run did not have. With that a the formula is tau / (L c + 1) x decode / verify.
+    predict a tau the run did not have. With that a the formula is tau / (L c + 1) x decode / verify
+    (:class:`~hf_vocabspec.cost.RoundModel` from the measured steps).
     """
     limit = r.zero_cost_limit_tokens_per_s
     out = {"zero_cost_limit_speedup_vs_target": limit / base.tokens_per_s if limit and base.tokens_per_s else None,
@@ -194,9 +195,9 @@ def speculation_vs_target(r: MethodResult, base: MethodResult) -> dict:
     if None in (verify, draft, decode, tau) or not r.rounds:
         return out
     drafts = r.proposed / r.rounds
-    c = draft / verify
-    out.update(draft_verify_cost_ratio=c, acceptance_iid=iid_acceptance(tau, drafts),
-               expected_speedup_theory=tau / (drafts * c + 1) * decode / verify)
+    rounds = RoundModel.from_measured(draft, verify, decode)
+    out.update(draft_verify_cost_ratio=draft / verify, acceptance_iid=iid_acceptance(tau, drafts),
+               expected_speedup_theory=rounds.speedup(drafts, tau=tau))
     return out
 
 
