@@ -30,7 +30,7 @@ def cmd_demo(args) -> int:
     dataset = load_chat_dataset(args.dataset)
     from ..coverage import count_assistant_tokens
 
-    counted, held_out = count_split(dataset, args.count_examples or len(dataset), min_held_out=0)
+    counted, held_out = count_split(dataset, args.count_examples or len(dataset))
     counts = count_assistant_tokens(counted, tokenizer, progress=True)
     counts.save(out_dir / "counts.safetensors")
     keep = counts.top_k(counts.smallest_k_for_coverage(args.min_coverage))

@@ -214,7 +214,7 @@ def run_tune(
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(target_name)
     ds = load_chat_dataset(dataset)
-    counted, held_out = count_split(ds, count_examples, min_held_out=100)
+    counted, held_out = count_split(ds, count_examples)
     counts = count_assistant_tokens(counted, tokenizer, progress=False)
     target = load_model(target_name, dtype=torch.float32).eval()
     drafter = load_model(drafter_name, dtype=drafter_dtype).eval()
