@@ -21,6 +21,7 @@ from typing import Any
 
 from huggingface_hub.errors import EntryNotFoundError
 
+from ._io import atomic_write
 from .drafter import MODEL_TYPE, TrimmedDrafter, VocabularyMapError, tokenizer_sha256
 
 logger = logging.getLogger(__name__)
@@ -344,7 +345,7 @@ def write_custom_generate(directory: str | os.PathLike, drafter_repo: str) -> Pa
     out = Path(directory) / "custom_generate"
     out.mkdir(parents=True, exist_ok=True)
     code = CUSTOM_GENERATE_TEMPLATE.read_text().replace("{{DRAFTER_REPO}}", str(drafter_repo))
-    (out / "generate.py").write_text(code)
+    atomic_write(out / "generate.py", lambda p: p.write_text(code))
     # No requirements.txt on purpose: transformers checks it whenever the DRAFTER is loaded with
     # trust_remote_code, which must keep working without hf_vocabspec installed; the recipe itself
     # raises an ImportError naming `pip install hf_vocabspec` when it needs the package.

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers.generation.candidate_generator import AssistedCandidateGenerator
 
+from .._io import atomic_write
 from ..cost import RoundModel, iid_acceptance
 from ..drafter import TrimmedDrafter, set_draft_length
 from ..generation import SpeculationStats
@@ -542,10 +543,10 @@ def run_benchmark(cfg: BenchConfig, out_dir, progress: Callable | None = None) -
             identical = all(res[m.name].outputs == base.outputs for m in methods) if mode == "greedy" else None
             report["runs"].append({"workload": workload, "in_domain": workload == cfg.vocab_dataset, "mode": mode,
                                    "prompts": len(prompts), "methods": rows, "greedy_identical": identical})
-            (out / "results.json").write_text(json.dumps(report, indent=2))
+            atomic_write(out / "results.json", lambda p: p.write_text(json.dumps(report, indent=2)))
     for session in sessions:
         session.close()
-    (out / "results.md").write_text(format_report(report))
+    atomic_write(out / "results.md", lambda p: p.write_text(format_report(report)))
     plot_report(report, out)
     return report
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from .._io import atomic_write
 from ..cost import expected_accepted_length
 from ..drafter import set_draft_length
 from .benchmark import Method, MethodResult, compare_methods
@@ -147,10 +148,10 @@ def run_rdk_benchmark(cfg: RDKBenchConfig, out_dir, progress: Callable | None = 
                                            "fitted_moved_mass": lv[f"fitted_{temp}"].moved_mass,
                                            "prior_moved_mass": lv["prior"].moved_mass} for lv in levels},
         })
-        (out / "results.json").write_text(json.dumps(report, indent=2, default=str))
+        atomic_write(out / "results.json", lambda p: p.write_text(json.dumps(report, indent=2, default=str)))
     report["seconds_total"] = time.perf_counter() - t_start
-    (out / "results.json").write_text(json.dumps(report, indent=2, default=str))
-    (out / "results.md").write_text(format_rdk_report(report))
+    atomic_write(out / "results.json", lambda p: p.write_text(json.dumps(report, indent=2, default=str)))
+    atomic_write(out / "results.md", lambda p: p.write_text(format_rdk_report(report)))
     plot_rdk_report(report, out / "rdk_tau_vs_vocab.png")
     return report
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from .._io import atomic_write
 from ..coverage import TokenCounts
 from ..selection import AcceptanceProfile, ThroughputModel, TuneResult, tune
 from .data import Conversation
@@ -245,7 +246,7 @@ def run_tune(
             draft_lengths=validate_draft_lengths, tokenizer=tokenizer, max_new_tokens=max_new_tokens,
             generate_kwargs={"do_sample": False} if mode == "greedy" else {"do_sample": True, "temperature": _temperature(mode), "top_k": 0},
             progress=progress)
-    (out / "tune.json").write_text(json.dumps(report, indent=2))
+    atomic_write(out / "tune.json", lambda p: p.write_text(json.dumps(report, indent=2)))
     result.plot_heatmap(out / "heatmap.png", model)
     if save_drafter:
         save_tuned_drafter(drafter, counts, result, out / "drafter", tokenizer=tokenizer, target_model=target_name,
