@@ -16,6 +16,7 @@ Two cost models, both used by :func:`hf_vocabspec.selection.select_vocabulary`:
 
 from __future__ import annotations
 
+import inspect
 import statistics
 import time
 import warnings
@@ -255,6 +256,13 @@ class LatencyCurve:
         fig.savefig(path, dpi=120)
 
 
+def _cache_kwarg(module: torch.nn.Module) -> str:
+    """The name the installed transformers gives the cache in ``module.forward``: 5.24 renamed
+    ``past_key_values`` to ``cache`` (the old name warns, removal announced for 5.40). A private stand-in
+    for ``hf_vocabspec.drafter.cache_kwarg`` (the seam's helper) until that lands."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+
+
 @torch.no_grad()
 def measure_draft_latency(
     model, ks: Sequence[int], *, context_length: int = 128, repeats: int = 15, warmup: int = 2, seed: int = 0
@@ -285,7 +293,8 @@ def measure_draft_latency(
     ids = torch.randint(0, vocab, (1, context_length + 1), generator=gen).to(device)
     cache = DynamicCache(config=body.config)
     cache.activate_past_recording()  # sliding-window layers must be croppable back after each step
-    body(input_ids=ids[:, :context_length], past_key_values=cache, use_cache=True)
+    cache_kw = {_cache_kwarg(body): cache}
+    body(input_ids=ids[:, :context_length], use_cache=True, **cache_kw)
     step_ids = ids[:, context_length:]
     pos = torch.tensor([[context_length]], device=device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -293,7 +302,7 @@ def measure_draft_latency(
     def one_step(head: torch.Tensor | None) -> float:
         sync()
         t0 = time.perf_counter()
-        hidden = body(input_ids=step_ids, position_ids=pos, past_key_values=cache, use_cache=True).last_hidden_state
+        hidden = body(input_ids=step_ids, position_ids=pos, use_cache=True, **cache_kw).last_hidden_state
         if head is not None:
             torch.nn.functional.linear(hidden[:, -1], head)
         sync()
