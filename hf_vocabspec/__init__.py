@@ -52,8 +52,9 @@ _LAZY = {
     "save_eagle3_vocab_map": "export",
 }
 # submodules reachable as attributes without importing them first (``hf_vocabspec.coverage.TokenCounts``)
+# (core modules only: the tooling, hf_vocabspec.evaluation and hf_vocabspec.cli, is imported by name)
 _SUBMODULES = {"coverage", "selection", "cost", "hub", "export", "rdk", "ssd", "verify_head", "drafter",
-               "generation", "offline", "evaluation"}
+               "generation"}
 
 __all__ = [
     "DrafterFileMissingError",
