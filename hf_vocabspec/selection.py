@@ -5,7 +5,7 @@ The top-k tokens by assistant-token count are kept; C(k) is their share of count
 trials take about a second). Two objectives:
 
 - ``"throughput"`` (the DEFAULT): the predicted walltime gain of speculative decoding (Leviathan et al.)
-  ``(1 - a^(L+1)) / ((1 - a)(L*c + 1))`` with ``L = num_assistant_tokens``, per-token acceptance
+  ``(1 - a^(L+1)) / ((1 - a)(L*c + 1))`` with ``L = num_draft_tokens``, per-token acceptance
   ``a(k) = acceptance_at_full * C(k)`` (a target token outside the kept set can never be drafted, so
   coverage caps acceptance) and draft/target cost ratio ``c(k) = verify_cost_ratio * cost(k)/cost(V)``.
   It is the default because it is the quantity users want (tokens per second), it prices a coverage loss
@@ -183,7 +183,7 @@ def select_vocabulary(
     storage=None,
     study_name: str | None = None,
     acceptance_at_full: float = 0.98,
-    num_assistant_tokens: int = 5,
+    num_draft_tokens: int = 5,
     verify_cost_ratio: float = 0.5,
     context_length: int = 512,
 ) -> SelectionResult:
@@ -193,7 +193,8 @@ def select_vocabulary(
     ``verify_cost_ratio``: c(V), the cost of one draft step with the FULL head divided by one target
     verification call (measure it: a 270M bf16 drafter on a 270M fp32 target costs ~0.7 on a CPU without
     bf16 units; a 1B drafter for an 8B target ~0.15). Only the throughput objective uses it, with
-    ``acceptance_at_full`` (acceptance of the untrimmed drafter) and ``num_assistant_tokens`` (L).
+    ``acceptance_at_full`` (acceptance of the untrimmed drafter) and ``num_draft_tokens`` (L, the draft length:
+    ``num_assistant_tokens`` in transformers' generate).
     ``storage``: a file path (journal) or RDB URL makes the study resumable; ``k_range`` is clipped to
     the counted vocabulary. Raises ValueError when no k in range reaches ``min_coverage``.
     """
@@ -235,7 +236,7 @@ def select_vocabulary(
         if objective == "utility":
             v = alpha * c + (1 - alpha) * (1 - r)
         else:
-            v = speculative_speedup(acceptance_at_full * c, num_assistant_tokens, verify_cost_ratio * r)
+            v = speculative_speedup(acceptance_at_full * c, num_draft_tokens, verify_cost_ratio * r)
         return c, r, v
 
     settings = {
@@ -245,7 +246,7 @@ def select_vocabulary(
     if objective == "utility":
         settings["alpha"] = alpha
     else:
-        settings.update(acceptance_at_full=acceptance_at_full, num_assistant_tokens=num_assistant_tokens,
+        settings.update(acceptance_at_full=acceptance_at_full, num_draft_tokens=num_draft_tokens,
                         verify_cost_ratio=verify_cost_ratio)
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
     name = study_name or f"hf_vocabspec-{objective}-{digest}"
@@ -295,9 +296,9 @@ def select_vocabulary(
     return SelectionResult(
         k=k, coverage=c, objective=objective, value=v, relative_draft_cost=r, cost_source=source,
         min_coverage=min_coverage, token_ids=counts.top_k(k),
-        predicted_speedup=speculative_speedup(acceptance_at_full * c, num_assistant_tokens, verify_cost_ratio * r),
+        predicted_speedup=speculative_speedup(acceptance_at_full * c, num_draft_tokens, verify_cost_ratio * r),
         predicted_speedup_full_head=speculative_speedup(acceptance_at_full * cov(counts.vocab_size),
-                                                      num_assistant_tokens, verify_cost_ratio * float(rel_cost(counts.vocab_size))),
+                                                      num_draft_tokens, verify_cost_ratio * float(rel_cost(counts.vocab_size))),
         trials=trials, sweep=sweep, settings=settings, study_name=name,
     )
 

@@ -5,7 +5,7 @@ out="docs/bench-gemma-draft-length-$DATE.md"
 : > "$out"
 for L in 5 8 12; do
     hf-vocabspec bench --target offline:gemma-3-270m --coverages 0.95 --context-tokens --workloads offline:sharegpt \
-        --modes greedy t1 --prompts 3 --max-new-tokens 64 --repeats 2 --num-assistant-tokens "$L" \
+        --modes greedy t1 --prompts 3 --max-new-tokens 64 --repeats 2 --num-draft-tokens "$L" \
         --output "results/bench-gemma-L$L"
     { echo "## L = $L"; echo; cat "results/bench-gemma-L$L/results.md"; echo; } >> "$out"
 done

@@ -177,7 +177,7 @@ def test_measured_model_tunes_and_the_choice_ships_with_the_drafter(tmp_path):
     loaded = hf_vocabspec.TrimmedDrafter.from_pretrained(tmp_path / "drafter").eval()
     assert loaded.generation_config.num_assistant_tokens == 3
     assert loaded.config.context_tokens is True and loaded.use_context_tokens
-    assert loaded.config.selection["num_assistant_tokens"] == 3 and loaded.config.selection["context_tokens"] is True
+    assert loaded.config.selection["num_draft_tokens"] == 3 and loaded.config.selection["context_tokens"] is True
     prompt = torch.tensor([[1, 6, 9, 14, 6, 9]])
     ref = target.generate(prompt, do_sample=False, max_new_tokens=20)
     out = target.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=loaded)
@@ -195,7 +195,7 @@ def test_card_reports_the_tuned_setting(tmp_path):
     card = build_model_card(drafter)
     header = card.data.to_dict()
     assert header["num_assistant_tokens"] == 7 and header["context_tokens"] is True
-    assert "num_assistant_tokens" in card.text and "predicted_speedup" in card.text  # the selection table
+    assert "num_draft_tokens" in card.text and "predicted_speedup" in card.text  # the selection table
 
 
 def test_validation_measures_the_tuned_setting_next_to_its_neighbours():

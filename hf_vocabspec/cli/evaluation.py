@@ -40,7 +40,7 @@ def cmd_demo(args) -> int:
     log(f"2/5 loading target (fp32) and drafter ({args.drafter_dtype} copy of the target)")
     target = load_model(args.target, dtype=torch.float32).eval()
     drafter_full = load_model(args.drafter or args.target, dtype=DTYPES[args.drafter_dtype]).eval()
-    set_draft_length(drafter_full.generation_config, args.num_assistant_tokens)
+    set_draft_length(drafter_full.generation_config, args.num_draft_tokens)
 
     log("3/5 trimming, saving and reloading the drafter")
     trimmed = trim_drafter(
@@ -49,7 +49,7 @@ def cmd_demo(args) -> int:
         selection={"min_coverage": args.min_coverage, "k": k, "coverage": counts.coverage(k),
                    "dataset": args.dataset, "count_examples": args.count_examples},
     )
-    set_draft_length(trimmed.generation_config, args.num_assistant_tokens)
+    set_draft_length(trimmed.generation_config, args.num_draft_tokens)
     trimmed.save_pretrained(out_dir / "drafter")
     tokenizer.save_pretrained(out_dir / "drafter")
     del trimmed
@@ -115,7 +115,7 @@ def cmd_bench(args) -> int:
         target=args.target, drafter=args.drafter, drafter_dtype=args.drafter_dtype, vocab_dataset=args.dataset,
         count_examples=args.count_examples, coverages=tuple(args.coverages), ks=tuple(args.ks), workloads=tuple(args.workloads),
         modes=tuple(args.modes), prompts=args.prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-        num_assistant_tokens=args.num_assistant_tokens, context_tokens=args.context_tokens,
+        num_draft_tokens=args.num_draft_tokens, context_tokens=args.context_tokens,
         ssd=args.ssd, ssd_mode=args.ssd_mode,
     )
     report = run_benchmark(cfg, args.output, progress=lambda s: tqdm(s, desc="generate"))
@@ -133,7 +133,7 @@ def cmd_acceptance(args) -> int:
 
     report = run_acceptance_report(args.target, args.output, dataset=args.dataset, count_examples=args.count_examples,
                                    levels=args.levels, conversations=args.conversations,
-                                   temperatures=args.temperatures, num_draft_tokens=args.num_assistant_tokens,
+                                   temperatures=args.temperatures, num_draft_tokens=args.num_draft_tokens,
                                    progress=lambda s: tqdm(s, desc="score"))
     from ..evaluation.acceptance import format_acceptance
 
@@ -203,7 +203,7 @@ def register(sub) -> None:
     d.add_argument("--max-prompt-tokens", type=int, default=256)
     d.add_argument("--answer-prefix-tokens", type=int, default=32,
                    help="prompts carry this many tokens of the reference answer (0: bare chat prompts)")
-    d.add_argument("--num-assistant-tokens", type=int, default=5)
+    d.add_argument("--num-draft-tokens", "--num-assistant-tokens", type=int, default=5, dest="num_draft_tokens")
     d.add_argument("--repeats", type=int, default=1)
     d.add_argument("--threads", type=int, default=None)
     d.add_argument("--strict", action="store_true", help="exit 1 if greedy output differs from target-only")
@@ -223,7 +223,7 @@ def register(sub) -> None:
     b.add_argument("--prompts", type=int, default=3)
     b.add_argument("--max-new-tokens", type=int, default=48)
     b.add_argument("--repeats", type=int, default=2)
-    b.add_argument("--num-assistant-tokens", type=int, default=5)
+    b.add_argument("--num-draft-tokens", "--num-assistant-tokens", type=int, default=5, dest="num_draft_tokens")
     b.add_argument("--context-tokens", action="store_true",
                    help="also run every trimmed k with context tokens on (same drafter, method 'trimmed k=K +context')")
     b.add_argument("--ssd", action="store_true",
@@ -240,7 +240,7 @@ def register(sub) -> None:
     ac.add_argument("--levels", type=float, nargs="+", default=[0.5, 0.75, 0.9, 0.95, 0.97], help="pruned shares")
     ac.add_argument("--conversations", type=int, default=24, help="held-out conversations scored")
     ac.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.7])
-    ac.add_argument("--num-assistant-tokens", type=int, default=5)
+    ac.add_argument("--num-draft-tokens", "--num-assistant-tokens", type=int, default=5, dest="num_draft_tokens")
     ac.add_argument("--output", default="results/acceptance")
     ac.set_defaults(func=cmd_acceptance)
 

@@ -235,7 +235,7 @@ class ForwardTimer:
     Prefill rule: the first forward of each model within one generate call is its prefill (it carries the
     whole prompt; in assisted decoding the target's first forward also verifies the first round's drafts).
     Every later forward of HF's loops and of our draft loop only feeds tokens produced since that model's
-    previous forward (at most num_assistant_tokens + 1), so it is a step whatever the draft schedule; a
+    previous forward (at most the draft length + 1), so it is a step whatever the draft schedule; a
     token-count threshold would misfile verify steps once a heuristic schedule grows the draft length.
     A TrimmedDrafter draft step is its body forward plus the trimmed head that follows it (context-token
     rows, draft-space processors and sampling are no module calls: they count as "other"); an HF
@@ -501,7 +501,7 @@ class BenchConfig:
     max_new_tokens: int = 48
     answer_prefix_tokens: int = 32
     repeats: int = 2
-    num_assistant_tokens: int = 5
+    num_draft_tokens: int = 5  # L (transformers' num_assistant_tokens), constant
     context_tokens: bool = False  # also run every trimmed k with drafter.use_context_tokens = True
     # SSD (hf_vocabspec.ssd): per trimmed k, an SSD row with default settings (fallback on) in this mode, next
     # to ordinary speculative decoding at 1 torch thread (the 2-thread row is the trimmed row itself)
@@ -531,14 +531,14 @@ def run_benchmark(cfg: BenchConfig, out_dir, progress: Callable | None = None) -
     tokenizer, target, counts, vocab_held_out = work.tokenizer, work.target, work.counts, work.held_out
     drafter_name = cfg.drafter or cfg.target
     full = load_model(drafter_name, dtype=dtype).eval()
-    set_draft_length(full.generation_config, cfg.num_assistant_tokens)
+    set_draft_length(full.generation_config, cfg.num_draft_tokens)
     methods = [Method("target only"), Method("HF assisted (untrimmed)", full)]
     trimmed = []
     sessions = []  # SSD sessions (worker processes), closed at the end
     sizes = [counts.smallest_k_for_coverage(c) for c in cfg.coverages] + list(cfg.ks)
     for k in sorted(set(sizes)):
         d = trim_drafter(load_model(drafter_name, dtype=dtype), counts.top_k(k), tokenizer=tokenizer)
-        set_draft_length(d.generation_config, cfg.num_assistant_tokens)
+        set_draft_length(d.generation_config, cfg.num_draft_tokens)
         name = f"trimmed k={d.config.draft_vocab_size}"
         trimmed.append(d)
         methods.append(Method(name, d, attrs={"use_context_tokens": False}))
@@ -562,7 +562,7 @@ def run_benchmark(cfg: BenchConfig, out_dir, progress: Callable | None = None) -
                                   generate_kwargs=_MODES[mode], progress=progress)
             rows = method_rows(res, "target only", "HF assisted (untrimmed)")
             if cfg.ssd:
-                ssd_rows(res, rows, methods, cfg.num_assistant_tokens)
+                ssd_rows(res, rows, methods, cfg.num_draft_tokens)
             for m in methods:
                 if isinstance(m.assistant, TrimmedDrafter):
                     rows[m.name]["eval_coverage"] = eval_counts.coverage_of(m.assistant.d2t)
@@ -589,7 +589,7 @@ def _ssd_methods(cfg: BenchConfig, name: str, drafter: TrimmedDrafter, sessions:
 
     with applied_attrs(drafter, {"use_context_tokens": False}):  # the worker copies the switches at start
         session = drafter.with_ssd(SSDConfig(fan_out=cfg.ssd_fan_out, saguaro_scale=cfg.ssd_saguaro_scale,
-                                             mode=cfg.ssd_mode, num_assistant_tokens=cfg.num_assistant_tokens))
+                                             mode=cfg.ssd_mode, num_assistant_tokens=cfg.num_draft_tokens))
     sessions.append(session)
     off = {"use_context_tokens": False}
     return [Method(f"{name} (1 thread)", drafter, attrs=off, threads=1),

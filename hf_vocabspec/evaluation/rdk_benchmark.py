@@ -50,7 +50,7 @@ class RDKBenchConfig:
     max_new_tokens: int = 48
     repeats: int = 1
     answer_prefix_tokens: int = 32
-    num_assistant_tokens: int = 5
+    num_draft_tokens: int = 5  # L (transformers' num_assistant_tokens), constant
     generate: bool = True
 
 
@@ -78,7 +78,7 @@ def run_rdk_benchmark(cfg: RDKBenchConfig, out_dir, progress: Callable | None = 
 
     def drafter_for(keep):
         d = trim_drafter(load_model(cfg.target, dtype=dtype).eval(), keep, tokenizer=tokenizer)
-        set_draft_length(d.generation_config, cfg.num_assistant_tokens)
+        set_draft_length(d.generation_config, cfg.num_draft_tokens)
         return d
 
     untrimmed = drafter_for(torch.arange(vocab))
@@ -169,7 +169,7 @@ def _f(x, fmt):
 
 
 def format_rdk_report(report: dict) -> str:
-    draft_tokens = int(report["config"].get("num_assistant_tokens", 5))
+    draft_tokens = int(report["config"].get("num_draft_tokens", report["config"].get("num_assistant_tokens", 5)))
     lines = []
     for run in report["runs"]:
         lines += [f"\nTemperature {run['temperature']} ({report['prompts']} prompts x "

@@ -163,7 +163,7 @@ def save_tuned_drafter(base_drafter, counts: TokenCounts, result: TuneResult, ou
     from ..drafter import set_draft_length, trim_drafter
 
     selection = {"method": "hf-vocabspec tune (joint k, L, context tokens)", "k": result.k,
-                 "coverage": counts.coverage(result.k), "num_assistant_tokens": result.num_draft_tokens,
+                 "coverage": counts.coverage(result.k), "num_draft_tokens": result.num_draft_tokens,
                  "context_tokens": result.context_tokens, "predicted_speedup": round(result.speedup, 4),
                  "predicted_tokens_per_s": round(result.tokens_per_second, 3), **(extra_selection or {})}
     drafter = trim_drafter(base_drafter, counts.top_k(result.k), tokenizer=tokenizer, target_model=target_model,
