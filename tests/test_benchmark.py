@@ -15,6 +15,7 @@ from hf_vocabspec.evaluation.benchmark import (
     compare_methods,
     format_report,
     format_table,
+    generation_config_for,
     machine_info,
     method_rows,
     timing_problem,
@@ -132,3 +133,14 @@ def test_bench_cli_context_tokens_flag():
     parser = build_parser()
     assert parser.parse_args(["bench", "--context-tokens"]).context_tokens is True
     assert parser.parse_args(["bench", "--target", "offline:smollm2-135m-instruct"]).context_tokens is False
+
+
+def test_one_generation_config_per_call():
+    """generate() gets ONE GenerationConfig (the model's own + overrides), never a config plus loose arguments."""
+    target, _ = make_pair("llama", seed=3)
+    before = target.generation_config.to_dict()
+    cfg = generation_config_for(target, max_new_tokens=7, do_sample=False)
+    assert cfg.max_new_tokens == 7 and cfg.do_sample is False and cfg is not target.generation_config
+    assert target.generation_config.to_dict() == before  # the model's own config is left alone
+    with pytest.raises(ValueError, match="Not generation settings: \\['attention_mask'\\]"):
+        generation_config_for(target, attention_mask=None)
