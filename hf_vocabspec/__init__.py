@@ -6,25 +6,30 @@
     out = target.generate(**inputs, assistant_model=drafter)
 
 Importing the package registers :class:`TrimmedDrafter` with the Auto classes and routes
-``assistant_model=<TrimmedDrafter>`` to the trimmed-vocabulary candidate generator. The rest of the pipeline
-(counting, selection, cost, Hub, export) is handed out lazily (PEP 562 ``__getattr__``) so that
-``import hf_vocabspec`` does not pay for optuna, matplotlib or the Hub client until they are used.
+``assistant_model=<TrimmedDrafter>`` to the trimmed-vocabulary candidate generator.
+
+The top level holds what the README uses, nothing more; the rest lives in its submodule (reachable as an
+attribute without importing it first): ``coverage`` (counting), ``selection`` (choosing k; the tuning model
+``ThroughputModel`` / ``tune``), ``cost`` (draft FLOPs, measured latency, ``RoundModel``), ``drafter``,
+``generation`` (``SpeculationStats``, the candidate generator), ``hub`` (cards, errors), ``export`` (SGLang /
+EAGLE-3 maps), ``rdk``, ``ssd``, ``verify_head``. The tooling is imported by name: ``hf_vocabspec.evaluation``
+(offline models and data, benchmarks, tune, distill) and ``hf_vocabspec.cli``. Names other than the drafter's
+are handed out lazily (PEP 562 ``__getattr__``), so ``import hf_vocabspec`` does not pay for optuna, matplotlib
+or the Hub client until they are used.
 """
 
 from __future__ import annotations
 
 import importlib
 
+from . import generation  # noqa: F401  (importing it routes assistant_model=<TrimmedDrafter> to our generator)
 from .drafter import (
     TrimmedDrafter,
     TrimmedDrafterConfig,
     VocabularyMapError,
-    set_draft_length,
-    special_token_ids,
     tokenizer_sha256,
     trim_drafter,
 )
-from .generation import SpeculationStats, TrimmedCandidateGenerator
 
 __version__ = "0.1.0"
 
@@ -32,57 +37,26 @@ __version__ = "0.1.0"
 _LAZY = {
     "TokenCounts": "coverage",
     "count_assistant_tokens": "coverage",
-    "count_assistant_tokens_distributed": "coverage",
-    "SelectionResult": "selection",
-    "select_vocabulary": "selection",
-    "LatencyCurve": "cost",
-    "measure_draft_latency": "cost",
-    "draft_flops": "cost",
-    "expected_accepted_length": "cost",
-    "speculative_speedup": "cost",
     "load_drafter": "hub",
     "push_drafter_to_hub": "hub",
-    "build_model_card": "hub",
-    "check_drafter_compatibility": "hub",
-    "DrafterMismatchError": "hub",
-    "DrafterNotFoundError": "hub",
-    "NotATrimmedDrafterError": "hub",
-    "DrafterFileMissingError": "hub",
-    "save_sglang_token_map": "export",
-    "save_eagle3_vocab_map": "export",
+    "SSDConfig": "ssd",
+    "fit_rdk_kernel": "rdk",
 }
-# submodules reachable as attributes without importing them first (``hf_vocabspec.coverage.TokenCounts``)
+# submodules reachable as attributes without importing them first (``hf_vocabspec.coverage.TokenCounts``);
+# core modules only: the tooling (hf_vocabspec.evaluation, hf_vocabspec.cli) is imported by name
 _SUBMODULES = {"coverage", "selection", "cost", "hub", "export", "rdk", "ssd", "verify_head", "drafter",
-               "generation", "offline", "evaluation"}
+               "generation"}
 
 __all__ = [
-    "DrafterFileMissingError",
-    "DrafterMismatchError",
-    "DrafterNotFoundError",
-    "LatencyCurve",
-    "NotATrimmedDrafterError",
-    "SelectionResult",
-    "SpeculationStats",
+    "SSDConfig",
     "TokenCounts",
-    "TrimmedCandidateGenerator",
     "TrimmedDrafter",
     "TrimmedDrafterConfig",
     "VocabularyMapError",
-    "build_model_card",
-    "check_drafter_compatibility",
     "count_assistant_tokens",
-    "count_assistant_tokens_distributed",
-    "draft_flops",
-    "expected_accepted_length",
+    "fit_rdk_kernel",
     "load_drafter",
-    "measure_draft_latency",
     "push_drafter_to_hub",
-    "save_eagle3_vocab_map",
-    "save_sglang_token_map",
-    "select_vocabulary",
-    "set_draft_length",
-    "special_token_ids",
-    "speculative_speedup",
     "tokenizer_sha256",
     "trim_drafter",
 ]

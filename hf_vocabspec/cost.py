@@ -16,10 +16,11 @@ Two cost models, both used by :func:`hf_vocabspec.selection.select_vocabulary`:
 
 from __future__ import annotations
 
+import inspect
 import statistics
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 
 import torch
@@ -160,7 +161,7 @@ def iid_acceptance(tau: float, num_draft_tokens: float) -> float:
 def speculative_speedup(acceptance: float, num_draft_tokens: int | float, cost_ratio: float) -> float:
     """Expected walltime gain over target-only decoding, tau / (L c + 1) with c = draft step / verify step."""
     a = min(max(acceptance, 0.0), 1 - 1e-9)
-    return expected_accepted_length(a, num_draft_tokens) / (num_draft_tokens * cost_ratio + 1)
+    return RoundModel.from_cost_ratio(cost_ratio).speedup(num_draft_tokens, acceptance=a)
 
 
 @dataclass
@@ -255,6 +256,13 @@ class LatencyCurve:
         fig.savefig(path, dpi=120)
 
 
+def _cache_kwarg(module: torch.nn.Module) -> str:
+    """The name the installed transformers gives the cache in ``module.forward``: 5.24 renamed
+    ``past_key_values`` to ``cache`` (the old name warns, removal announced for 5.40). A private stand-in
+    for ``hf_vocabspec.drafter.cache_kwarg`` (the seam's helper) until that lands."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+
+
 @torch.no_grad()
 def measure_draft_latency(
     model, ks: Sequence[int], *, context_length: int = 128, repeats: int = 15, warmup: int = 2, seed: int = 0
@@ -285,7 +293,8 @@ def measure_draft_latency(
     ids = torch.randint(0, vocab, (1, context_length + 1), generator=gen).to(device)
     cache = DynamicCache(config=body.config)
     cache.activate_past_recording()  # sliding-window layers must be croppable back after each step
-    body(input_ids=ids[:, :context_length], past_key_values=cache, use_cache=True)
+    cache_kw = {_cache_kwarg(body): cache}
+    body(input_ids=ids[:, :context_length], use_cache=True, **cache_kw)
     step_ids = ids[:, context_length:]
     pos = torch.tensor([[context_length]], device=device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -293,7 +302,7 @@ def measure_draft_latency(
     def one_step(head: torch.Tensor | None) -> float:
         sync()
         t0 = time.perf_counter()
-        hidden = body(input_ids=step_ids, position_ids=pos, past_key_values=cache, use_cache=True).last_hidden_state
+        hidden = body(input_ids=step_ids, position_ids=pos, use_cache=True, **cache_kw).last_hidden_state
         if head is not None:
             torch.nn.functional.linear(hidden[:, -1], head)
         sync()
@@ -314,3 +323,152 @@ def measure_draft_latency(
         ks, seconds, floor, device=str(device), dtype=str(weight.dtype).removeprefix("torch."),
         context_length=context_length, vocab_size=int(vocab),
     )
+
+
+# --- one model of a speculative round: its time, its yield, and what it gains over plain decoding ------------
+@dataclass(frozen=True)
+class RoundModel:
+    """Time and yield of one speculative round, the one place the round is modelled.
+
+    A round drafts L tokens (L draft steps at kept size k), verifies them in one target forward over L+1
+    positions, and yields tau tokens per sequence (the accepted drafts plus the bonus token). So
+
+        round seconds  = L * draft(k, b) + verify(L+1, b)
+        tokens/s       = b * tau / round seconds
+        speedup        = tokens/s / (b / decode(b))        (target-only decoding at batch size b)
+
+    Inputs are measured costs, by batch size b (a single value means batch 1):
+
+    - ``draft``: seconds of one draft step: a :class:`LatencyCurve` (cost over kept size k) or a number
+      (a fixed head); or a mapping batch size -> either.
+    - ``verify``: seconds of the target's forward: a number (the same for every position count: a measured
+      verify-step median), a mapping positions -> seconds (batch 1), or (positions, batch) -> seconds
+      (positions None: the same for every position count).
+    - ``decode``: seconds of one plain (target-only) decode step: a number or batch -> seconds; by default
+      ``verify`` at one position.
+
+    Costs may be in any unit (seconds, or multiples of the verify step: :meth:`from_cost_ratio`); speedups
+    are unit-free. tau comes from ``tau=`` (measured or from a profile), or ``acceptance=``: one number a
+    (each draft accepted i.i.d., tau = (1 - a^(L+1)) / (1 - a)) or per-position acceptances a_1..a_L
+    (a_j: the j-th draft is accepted given the ones before it were; tau = 1 + sum_j prod_{i<=j} a_i).
+    """
+
+    draft: LatencyCurve | float | Mapping[int, LatencyCurve | float]
+    verify: float | Mapping[int, float] | Mapping[tuple[int | None, int], float]
+    decode: float | Mapping[int, float] | None = None
+
+    # --- constructors --------------------------------------------------------------------------------------
+    @classmethod
+    def from_cost_ratio(cls, cost_ratio: float) -> RoundModel:
+        """Costs in verify steps: a draft step costs ``cost_ratio``, verify and plain decode steps 1."""
+        return cls(draft=float(cost_ratio), verify=1.0, decode=1.0)
+
+    @classmethod
+    def from_measured(cls, draft_step_s: float, verify_step_s: float, decode_step_s: float | None = None,
+                      *, batch_size: int = 1) -> RoundModel:
+        """From one run's measured medians at one batch size: draft step, verify step and (target-only)
+        decode step. What a decoding loop can time on the fly to decide whether speculating pays
+        (:meth:`fallback_reason`)."""
+        b = int(batch_size)
+        return cls(draft={b: float(draft_step_s)}, verify={(None, b): float(verify_step_s)},
+                   decode=None if decode_step_s is None else {b: float(decode_step_s)})
+
+    # --- the costs -------------------------------------------------------------------------------------------
+    def draft_seconds(self, k: int | None = None, batch_size: int = 1) -> float:
+        """One draft step at kept size k (None: the curve's full head) and batch size."""
+        d = self.draft
+        if isinstance(d, Mapping):
+            if batch_size not in d:
+                raise ValueError(f"No draft-step cost measured at batch size {batch_size} (measured: {sorted(d)}).")
+            d = d[batch_size]
+        elif batch_size != 1:
+            raise ValueError(f"The draft-step cost was given for batch size 1 only; pass draft={{{batch_size}: ...}}.")
+        if isinstance(d, LatencyCurve):
+            k = (d.vocab_size or d.ks[-1]) if k is None else k
+            return d.predict(k)
+        return float(d)
+
+    def verify_seconds(self, positions: int | float, batch_size: int = 1) -> float:
+        """The target's forward over ``positions`` new positions (L+1 in a round) at batch size."""
+        v = self.verify
+        if not isinstance(v, Mapping):
+            if batch_size != 1:
+                raise ValueError(f"The verify cost was given for batch size 1 only; pass verify={{(n, {batch_size}): ...}}.")
+            return float(v)
+        keyed = {key if isinstance(key, tuple) else (int(key), 1): float(s) for key, s in v.items()}
+        if (None, batch_size) in keyed:  # positions None: one median for every position count (from_measured)
+            return keyed[(None, batch_size)]
+        key = (int(round(positions)), batch_size)
+        if key not in keyed or key[0] != positions:
+            raise ValueError(f"No verify cost measured for {positions} positions at batch size {batch_size} "
+                             f"(measured (positions, batch): {sorted(keyed, key=str)}); measure it: "
+                             "hf_vocabspec.verify_head.measure_verify_latency(target, rows=...).")
+        return keyed[key]
+
+    def decode_seconds(self, batch_size: int = 1) -> float:
+        """One plain decode step of the target (the target-only baseline)."""
+        d = self.decode
+        if d is None:
+            return self.verify_seconds(1, batch_size)
+        if isinstance(d, Mapping):
+            if batch_size not in d:
+                raise ValueError(f"No decode-step cost measured at batch size {batch_size} (measured: {sorted(d)}).")
+            return float(d[batch_size])
+        if batch_size != 1:
+            raise ValueError(f"The decode cost was given for batch size 1 only; pass decode={{{batch_size}: ...}}.")
+        return float(d)
+
+    def round_seconds(self, num_draft_tokens: int | float, k: int | None = None, batch_size: int = 1) -> float:
+        """L draft steps plus one verify forward over L+1 positions."""
+        return (num_draft_tokens * self.draft_seconds(k, batch_size)
+                + self.verify_seconds(num_draft_tokens + 1, batch_size))
+
+    # --- the yield -------------------------------------------------------------------------------------------
+    @staticmethod
+    def tokens_per_round(num_draft_tokens: int | float, *, acceptance: float | Sequence[float] | None = None,
+                         tau: float | None = None) -> float:
+        """tau, per sequence: given, or from one i.i.d. acceptance, or from per-position acceptances."""
+        if (tau is None) == (acceptance is None):
+            raise ValueError("Pass exactly one of tau= (tokens per round) or acceptance= (per-token acceptance).")
+        if tau is not None:
+            return float(tau)
+        if isinstance(acceptance, (int, float)):
+            return expected_accepted_length(acceptance, num_draft_tokens)
+        per_position = [min(max(float(a), 0.0), 1.0) for a in acceptance]
+        if len(per_position) != num_draft_tokens:
+            raise ValueError(f"Pass one acceptance per draft position: got {len(per_position)} for L={num_draft_tokens}.")
+        total, run = 1.0, 1.0
+        for a in per_position:
+            run *= a
+            total += run
+        return total
+
+    def tokens_per_second(self, num_draft_tokens: int | float, *, k: int | None = None, batch_size: int = 1,
+                          acceptance: float | Sequence[float] | None = None, tau: float | None = None) -> float:
+        """Tokens per second of speculative decoding, summed over the batch."""
+        tau = self.tokens_per_round(num_draft_tokens, acceptance=acceptance, tau=tau)
+        return batch_size * tau / self.round_seconds(num_draft_tokens, k, batch_size)
+
+    def plain_tokens_per_second(self, batch_size: int = 1) -> float:
+        """Tokens per second of target-only decoding, summed over the batch."""
+        return batch_size / self.decode_seconds(batch_size)
+
+    def speedup(self, num_draft_tokens: int | float, *, k: int | None = None, batch_size: int = 1,
+                acceptance: float | Sequence[float] | None = None, tau: float | None = None) -> float:
+        """Speculative tokens/s over target-only tokens/s at the same batch size."""
+        return (self.tokens_per_second(num_draft_tokens, k=k, batch_size=batch_size, acceptance=acceptance, tau=tau)
+                / self.plain_tokens_per_second(batch_size))
+
+    def fallback_reason(self, num_draft_tokens: int | float, *, k: int | None = None, batch_size: int = 1,
+                        acceptance: float | Sequence[float] | None = None, tau: float | None = None,
+                        margin: float = 0.0) -> str | None:
+        """One line saying why plain decoding is faster than speculating (predicted speedup below
+        ``1 + margin``), or None when speculating pays. For a decoding loop that times its rounds."""
+        tau = self.tokens_per_round(num_draft_tokens, acceptance=acceptance, tau=tau)
+        s = self.speedup(num_draft_tokens, k=k, batch_size=batch_size, tau=tau)
+        if s >= 1 + margin:
+            return None
+        b = batch_size
+        return (f"speculating does not pay at batch size {b}: a round of {num_draft_tokens:g} drafts costs "
+                f"{self.round_seconds(num_draft_tokens, k, b) * 1e3:.3g} ms for {tau:.2f} tokens per sequence, "
+                f"plain decoding {self.decode_seconds(b) * 1e3:.3g} ms per token (predicted speedup {s:.2f}x)")

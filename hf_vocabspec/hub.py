@@ -22,6 +22,7 @@ from typing import Any
 
 from huggingface_hub.errors import EntryNotFoundError
 
+from ._io import atomic_write
 from .drafter import MODEL_TYPE, TrimmedDrafter, VocabularyMapError, tokenizer_sha256
 
 logger = logging.getLogger(__name__)
@@ -79,22 +80,32 @@ def _fmt(key: str, value: Any) -> str:
 
 _RDK_CARD_KEYS = ("method", "num_targets", "moved_mass", "shrink", "fit_positions", "temperature", "enabled")
 _SELECTION_TABLE_SKIP = ("pareto", "trials", "token_ids", "eval_results", "settings", "latency_curve")
-# Hub origins of names that are not Hub ids (e.g. the evaluation tooling's ``offline:`` models and datasets,
-# registered by hf_vocabspec.evaluation.offline): name -> {"hub_id", "license"}. Lets cards name the real
-# base model / dataset without network access and without the core importing the tooling.
+# Hub origins of names that are not Hub ids (e.g. the evaluation tooling's ``offline:`` models and datasets):
+# name -> {"hub_id", "license"}. Lets cards name the real base model / dataset without network access. The core
+# holds only this registry; whoever owns a name prefix registers its names, on import or through an entry point
+# of the group below (pyproject: ``offline = "hf_vocabspec.evaluation.offline:register_origins"``), which is
+# loaded the first time a name with that prefix is looked up: the core never imports the tooling by name.
 _ORIGINS: dict[str, dict] = {}
+ORIGIN_PROVIDERS = "hf_vocabspec.origins"
+_PROVIDED: set[str] = set()
 
 
-def _provide_origins(name: str) -> None:
-    """``offline:`` names belong to the evaluation tooling, which registers their origins on import: load it by
-    name when such a name is first seen (a namespace provider, not a dependency of the core)."""
-    if isinstance(name, str) and name.startswith("offline:") and name not in _ORIGINS:
-        import importlib
+def _provide_origins(name: object) -> None:
+    """Run the ``hf_vocabspec.origins`` entry points for ``name``'s prefix (``offline`` for ``offline:x``)
+    once, when such a name is first seen and not registered yet."""
+    if not isinstance(name, str) or name in _ORIGINS or ":" not in name:
+        return
+    prefix = name.split(":", 1)[0]
+    if prefix in _PROVIDED:
+        return
+    _PROVIDED.add(prefix)
+    import importlib.metadata
 
+    for entry in importlib.metadata.entry_points(group=ORIGIN_PROVIDERS, name=prefix):
         try:
-            importlib.import_module("hf_vocabspec.evaluation.offline")
-        except ImportError:  # tooling unavailable: the name stays unknown
-            pass
+            entry.load()()
+        except ImportError:  # the provider's package is unavailable: its names stay unknown
+            logger.debug("origin provider %s could not be loaded", entry.value)
 
 
 def register_origin(name: str, hub_id: str | None, license: str | None = None) -> None:
@@ -347,7 +358,7 @@ def write_custom_generate(directory: str | os.PathLike, drafter_repo: str) -> Pa
     out = Path(directory) / "custom_generate"
     out.mkdir(parents=True, exist_ok=True)
     code = CUSTOM_GENERATE_TEMPLATE.read_text().replace("{{DRAFTER_REPO}}", str(drafter_repo))
-    (out / "generate.py").write_text(code)
+    atomic_write(out / "generate.py", lambda p: p.write_text(code))
     # No requirements.txt on purpose: transformers checks it whenever the DRAFTER is loaded with
     # trust_remote_code, which must keep working without hf_vocabspec installed; the recipe itself
     # raises an ImportError naming `pip install hf_vocabspec` when it needs the package.

@@ -5,7 +5,7 @@ The top-k tokens by assistant-token count are kept; C(k) is their share of count
 trials take about a second). Two objectives:
 
 - ``"throughput"`` (the DEFAULT): the predicted walltime gain of speculative decoding (Leviathan et al.)
-  ``(1 - a^(L+1)) / ((1 - a)(L*c + 1))`` with ``L = num_assistant_tokens``, per-token acceptance
+  ``(1 - a^(L+1)) / ((1 - a)(L*c + 1))`` with ``L = num_draft_tokens``, per-token acceptance
   ``a(k) = acceptance_at_full * C(k)`` (a target token outside the kept set can never be drafted, so
   coverage caps acceptance) and draft/target cost ratio ``c(k) = verify_cost_ratio * cost(k)/cost(V)``.
   It is the default because it is the quantity users want (tokens per second), it prices a coverage loss
@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from .cost import LatencyCurve, draft_flops, speculative_speedup
+from .cost import LatencyCurve, RoundModel, draft_flops, speculative_speedup
 from .coverage import TokenCounts
 
 OBJECTIVES = ("throughput", "utility")
@@ -208,7 +208,7 @@ def select_vocabulary(
     storage=None,
     study_name: str | None = None,
     acceptance_at_full: float = 0.98,
-    num_assistant_tokens: int = 5,
+    num_draft_tokens: int = 5,
     verify_cost_ratio: float = 0.5,
     context_length: int = 512,
 ) -> SelectionResult:
@@ -218,7 +218,8 @@ def select_vocabulary(
     ``verify_cost_ratio``: c(V), the cost of one draft step with the FULL head divided by one target
     verification call (measure it: a 270M bf16 drafter on a 270M fp32 target costs ~0.7 on a CPU without
     bf16 units; a 1B drafter for an 8B target ~0.15). Only the throughput objective uses it, with
-    ``acceptance_at_full`` (acceptance of the untrimmed drafter) and ``num_assistant_tokens`` (L).
+    ``acceptance_at_full`` (acceptance of the untrimmed drafter) and ``num_draft_tokens`` (L, the draft length:
+    ``num_assistant_tokens`` in transformers' generate).
     ``storage``: a file path (journal) or RDB URL makes the study resumable; ``k_range`` is clipped to
     the counted vocabulary. Raises ValueError when no k in range reaches ``min_coverage``.
     """
@@ -260,7 +261,7 @@ def select_vocabulary(
         if objective == "utility":
             v = alpha * c + (1 - alpha) * (1 - r)
         else:
-            v = speculative_speedup(acceptance_at_full * c, num_assistant_tokens, verify_cost_ratio * r)
+            v = speculative_speedup(acceptance_at_full * c, num_draft_tokens, verify_cost_ratio * r)
         return c, r, v
 
     settings = {
@@ -270,7 +271,7 @@ def select_vocabulary(
     if objective == "utility":
         settings["alpha"] = alpha
     else:
-        settings.update(acceptance_at_full=acceptance_at_full, num_assistant_tokens=num_assistant_tokens,
+        settings.update(acceptance_at_full=acceptance_at_full, num_draft_tokens=num_draft_tokens,
                         verify_cost_ratio=verify_cost_ratio)
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
     name = study_name or f"hf_vocabspec-{objective}-{digest}"
@@ -322,9 +323,9 @@ def select_vocabulary(
     return SelectionResult(
         k=k, coverage=c, objective=objective, value=v, relative_draft_cost=r, cost_source=source,
         min_coverage=min_coverage, token_ids=counts.top_k(k),
-        predicted_speedup=speculative_speedup(acceptance_at_full * c, num_assistant_tokens, verify_cost_ratio * r),
+        predicted_speedup=speculative_speedup(acceptance_at_full * c, num_draft_tokens, verify_cost_ratio * r),
         predicted_speedup_full_head=speculative_speedup(acceptance_at_full * cov(counts.vocab_size),
-                                                      num_assistant_tokens, verify_cost_ratio * float(rel_cost(counts.vocab_size))),
+                                                      num_draft_tokens, verify_cost_ratio * float(rel_cost(counts.vocab_size))),
         trials=trials, sweep=sweep, settings=settings, study_name=name,
     )
 
@@ -388,7 +389,8 @@ class AcceptanceProfile:
 class ThroughputModel:
     """Predicted tokens/s of speculative decoding at (k, L, context tokens) from measured inputs only.
 
-    tokens/s = tau(k, L, ctx) / (L * draft_step(k) + verify(L+1)) with tau from :class:`AcceptanceProfile`,
+    tokens/s = tau(k, L, ctx) / (L * draft_step(k) + verify(L+1)) (:class:`~hf_vocabspec.cost.RoundModel`)
+    with tau from :class:`AcceptanceProfile`,
     the draft step from a measured :class:`~hf_vocabspec.cost.LatencyCurve` and ``verify_seconds[n]`` the
     target's measured forward over n new positions (n = L+1; ``verify_seconds[1]`` is its decode step, the
     target-only baseline). Call it with an Optuna trial to use it as an objective in your own study.
@@ -410,14 +412,19 @@ class ThroughputModel:
     def context_options(self) -> list[bool]:
         return [False, True] if self.acceptance.context is not None else [False]
 
+    @property
+    def rounds(self) -> RoundModel:
+        """The round's costs: draft step from the latency curve, verify forward by position count."""
+        return RoundModel(draft=self.draft_latency, verify=self.verify_seconds)
+
     def tokens_per_second(self, k: int, num_draft_tokens: int, context_tokens: bool = False) -> float:
         tau = self.acceptance.expected_accepted_length(k, num_draft_tokens, context_tokens)
-        seconds = num_draft_tokens * self.draft_latency.predict(k) + self.verify_seconds[num_draft_tokens + 1]
-        return tau / seconds
+        return self.rounds.tokens_per_second(num_draft_tokens, k=k, tau=tau)
 
     def speedup(self, k: int, num_draft_tokens: int, context_tokens: bool = False) -> float:
-        """Predicted speedup over target-only decoding (1 / decode step tokens/s)."""
-        return self.tokens_per_second(k, num_draft_tokens, context_tokens) * self.verify_seconds[1]
+        """Predicted speedup over target-only decoding (its decode step is ``verify_seconds[1]``)."""
+        tau = self.acceptance.expected_accepted_length(k, num_draft_tokens, context_tokens)
+        return self.rounds.speedup(num_draft_tokens, k=k, tau=tau)
 
     def __call__(self, trial) -> float:
         k = trial.suggest_categorical("k", self.acceptance.ks)

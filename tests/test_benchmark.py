@@ -10,12 +10,15 @@ from hf_vocabspec import trim_drafter
 from hf_vocabspec.cli import build_parser
 from hf_vocabspec.evaluation.benchmark import (
     Method,
+    MethodResult,
     applied_attrs,
     compare_methods,
     format_report,
     format_table,
+    generation_config_for,
     machine_info,
     method_rows,
+    timing_problem,
 )
 
 PROMPTS = [torch.tensor([[1, 6, 9, 14, 50, 55]]), torch.tensor([[1, 20, 21, 60, 3]])]  # 50, 55, 60 are pruned
@@ -74,23 +77,34 @@ def test_timing_fields_and_zero_cost_limit(run):
     results, _, _ = run
     base = results["target only"]
     rows = method_rows(results, "target only", "HF assisted")
+    # Only what holds whatever the clocks read: timers fired, rows carry the right fields, identities hold.
+    # How the measured times compare (forwards inside generate < generate, limit > measured rate) is judged on
+    # bench runs: each row's timing_problem (test_timing_problem_rule checks that rule on given numbers).
     for name, r in results.items():
         assert r.target_prefill_seconds > 0 and all(t > 0 for t in r.target_step_s)
-        assert r.other_seconds > 0 and r.target_seconds + r.drafter_seconds < r.seconds
         row = rows[name]
+        assert "timing_problem" in row
         if not r.speculative:
             assert row["decode_step_ms"] > 0 and row["verify_step_ms"] is None and r.drafter_seconds == 0
             assert row["zero_cost_limit_tokens_per_s"] is None
             continue
         assert r.drafter_prefill_seconds > 0 and all(t > 0 for t in r.draft_step_s)
         assert row["verify_step_ms"] > 0 and row["draft_step_ms"] > 0 and row["decode_step_ms"] is None
-        assert 0 < row["share_of_zero_cost_limit"] <= 1.5
-        assert row["zero_cost_limit_tokens_per_s"] > r.tokens_per_s
         # measured speedup = limit speedup x share of the limit
         assert row["zero_cost_limit_speedup_vs_target"] * row["share_of_zero_cost_limit"] == pytest.approx(
             r.tokens_per_s / base.tokens_per_s)
         assert row["expected_speedup_theory"] > 0 and 0 < row["acceptance_iid"] <= 1
         assert row["draft_verify_cost_ratio"] == pytest.approx(r.draft_step_ms / r.target_step_ms)
+
+
+def test_timing_problem_rule():
+    ok = MethodResult("ok", new_tokens=40, seconds=1.0, speculative=True, target_prefill_seconds=0.1,
+                      target_step_s=[0.1] * 5, drafter_prefill_seconds=0.05, draft_step_s=[0.02] * 10)
+    assert timing_problem(ok) is None
+    double = MethodResult("double", new_tokens=40, seconds=1.0, speculative=True, target_step_s=[0.3] * 3,
+                          draft_step_s=[0.05] * 4)
+    assert "double counts" in timing_problem(double)
+    assert timing_problem(MethodResult("target", new_tokens=10, seconds=1.0, target_step_s=[0.5])) is None
 
 
 def test_method_attrs_apply_during_generate_and_are_restored(run):
@@ -141,3 +155,14 @@ def test_demo_pair_q_resolves_the_real_pair_and_its_drafter_dtype(monkeypatch):
     with pytest.raises(SystemExit):
         parser.parse_args(["demo", "--pair", "z"])
     assert isinstance(benchmark.machine_info()["native_bf16"], bool)
+
+
+def test_one_generation_config_per_call():
+    """generate() gets ONE GenerationConfig (the model's own + overrides), never a config plus loose arguments."""
+    target, _ = make_pair("llama", seed=3)
+    before = target.generation_config.to_dict()
+    cfg = generation_config_for(target, max_new_tokens=7, do_sample=False)
+    assert cfg.max_new_tokens == 7 and cfg.do_sample is False and cfg is not target.generation_config
+    assert target.generation_config.to_dict() == before  # the model's own config is left alone
+    with pytest.raises(ValueError, match="Not generation settings: \\['attention_mask'\\]"):
+        generation_config_for(target, attention_mask=None)

@@ -9,6 +9,7 @@ from transformers import GPTNeoXConfig, LlamaForCausalLM, MistralConfig, Mixtral
 
 from hf_vocabspec.cost import (
     LatencyCurve,
+    RoundModel,
     draft_flops,
     expected_accepted_length,
     head_share,
@@ -116,3 +117,60 @@ def test_speculative_decoding_formulas():
     assert iid_acceptance(drafts + 1, drafts) == pytest.approx(1.0, abs=1e-6)
     assert speculative_speedup(a, drafts, 0.1) == pytest.approx(tau / 1.5)
     assert speculative_speedup(0.0, drafts, 0.0) == pytest.approx(1.0)
+
+
+def test_round_model_reproduces_the_three_formulas_it_replaced():
+    """speculative_speedup, the benchmark's expected_speedup_theory and ThroughputModel's tokens/s, as written
+    before RoundModel (test_tune checks ThroughputModel against its hand formula too)."""
+    for a, L, c in [(0.8, 5, 0.1), (0.3, 2, 0.7), (0.95, 8, 0.02)]:
+        tau = (1 - a ** (L + 1)) / (1 - a)
+        assert RoundModel.from_cost_ratio(c).speedup(L, acceptance=a) == pytest.approx(tau / (L * c + 1), rel=1e-12)
+    draft, verify, decode, tau, drafts = 0.004, 0.030, 0.022, 3.1, 4.6  # benchmark: mean drafts per round
+    old = tau / (drafts * (draft / verify) + 1) * decode / verify
+    assert RoundModel.from_measured(draft, verify, decode).speedup(drafts, tau=tau) == pytest.approx(old, rel=1e-12)
+    curve = LatencyCurve([10, 20, 40], [0.004, 0.006, 0.010], 0.003)
+    rounds = RoundModel(draft=curve, verify={1: 0.02, 5: 0.028})
+    assert rounds.tokens_per_second(4, k=20, tau=3.0) == pytest.approx(3.0 / (4 * 0.006 + 0.028), rel=1e-12)
+    assert rounds.speedup(4, k=20, tau=3.0) == pytest.approx(3.0 / (4 * 0.006 + 0.028) * 0.02, rel=1e-12)
+    assert rounds.draft_seconds() == curve.predict(40)  # no k: the curve's full head
+
+
+def test_round_model_per_position_acceptance_matches_simulated_rounds():
+    """tau from per-position acceptances = mean tokens of simulated rounds (stop at the first rejection, plus
+    the bonus token); with one a it is the i.i.d. formula. The simulation would catch a missing bonus token
+    or an off-by-one in the product."""
+    per_pos = [0.9, 0.7, 0.5, 0.3]
+    gen = torch.Generator().manual_seed(0)
+    u = torch.rand(200_000, len(per_pos), generator=gen)
+    accepted = (u < torch.tensor(per_pos)).int().cumprod(1).sum(1).double()
+    simulated = float(accepted.mean()) + 1
+    assert RoundModel.tokens_per_round(4, acceptance=per_pos) == pytest.approx(simulated, abs=0.01)
+    assert abs(RoundModel.tokens_per_round(4, acceptance=per_pos) - (simulated - 1)) > 0.5  # power: bonus counted
+    assert RoundModel.tokens_per_round(5, acceptance=[0.8] * 5) == pytest.approx(expected_accepted_length(0.8, 5))
+    with pytest.raises(ValueError, match="one acceptance per draft position"):
+        RoundModel.tokens_per_round(3, acceptance=[0.5, 0.5])
+    with pytest.raises(ValueError, match="exactly one of tau"):
+        RoundModel.tokens_per_round(3)
+
+
+def test_round_model_batches_and_decides_whether_speculating_pays():
+    # per batch size: draft step, verify forward by (positions, batch), plain decode step
+    rounds = RoundModel(draft={1: 0.002, 8: 0.004}, verify={(5, 1): 0.020, (5, 8): 0.060},
+                        decode={1: 0.018, 8: 0.030})
+    assert rounds.round_seconds(4, batch_size=8) == pytest.approx(4 * 0.004 + 0.060)
+    assert rounds.tokens_per_second(4, batch_size=8, tau=3.0) == pytest.approx(8 * 3.0 / 0.076)
+    assert rounds.plain_tokens_per_second(8) == pytest.approx(8 / 0.030)
+    assert rounds.speedup(4, batch_size=1, tau=3.0) == pytest.approx(3.0 / 0.028 * 0.018)  # 1.93x: pays
+    assert rounds.fallback_reason(4, batch_size=1, tau=3.0) is None
+    reason = rounds.fallback_reason(4, batch_size=8, tau=3.0)  # 1.18x predicted, but asked for a 30% margin
+    assert reason is None and rounds.fallback_reason(4, batch_size=8, tau=3.0, margin=0.3) is not None
+    line = rounds.fallback_reason(4, batch_size=8, tau=1.5)  # 0.59x: plain decoding wins
+    assert line and "\n" not in line and "batch size 8" in line and "0.59x" in line
+    with pytest.raises(ValueError, match="batch size 4"):
+        rounds.tokens_per_second(4, batch_size=4, tau=2.0)
+    with pytest.raises(ValueError, match="measure_verify_latency"):
+        rounds.round_seconds(6, batch_size=1)
+    # a loop that timed its own steps: one verify median for any position count
+    measured = RoundModel.from_measured(0.002, 0.021, 0.018, batch_size=2)
+    assert measured.round_seconds(3, batch_size=2) == pytest.approx(3 * 0.002 + 0.021)
+    assert measured.fallback_reason(3, batch_size=2, acceptance=0.0) is not None  # tau 1: never pays

@@ -296,8 +296,7 @@ def test_implausible_latency_curve_is_remeasured_then_replaced_by_flops():
 def test_import_hands_out_the_pipeline_lazily():
     code = ("import sys, hf_vocabspec as h; heavy = [m for m in ('optuna', 'matplotlib') if m in sys.modules]; "
             "assert not heavy, heavy; "
-            "[getattr(h, n) for n in ('count_assistant_tokens', 'TokenCounts', 'select_vocabulary', 'trim_drafter', "
-            "'load_drafter', 'push_drafter_to_hub', 'TrimmedDrafter', 'measure_draft_latency')]; "
+            "[getattr(h, n) for n in h.__all__]; h.selection.select_vocabulary; h.cost.measure_draft_latency; "
             "assert h.coverage.TokenCounts is h.TokenCounts; print('ok')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})

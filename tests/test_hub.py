@@ -258,3 +258,24 @@ def test_real_hub_round_trip(pushed):  # pragma: no cover - needs network and a 
     finally:
         api.delete_repo(repo)
 
+
+
+def test_offline_origins_come_from_the_registry_without_the_core_importing_the_tooling():
+    """A fresh process: importing the core loads no tooling; the first ``offline:`` name looked up runs the
+    ``hf_vocabspec.origins`` entry point (from the installed metadata), which registers the Hub origins."""
+    import importlib.metadata
+
+    entries = importlib.metadata.entry_points(group="hf_vocabspec.origins", name="offline")
+    if not entries:
+        pytest.skip("installed hf_vocabspec metadata predates the hf_vocabspec.origins entry point: reinstall")
+    code = textwrap.dedent("""
+        import sys
+        import hf_vocabspec.hub as hub
+        assert not any(m.startswith(("hf_vocabspec.evaluation", "hf_vocabspec.cli")) for m in sys.modules), "tooling"
+        print(hub.model_origin("offline:sharegpt")["hub_id"], hub.model_origin("offline:nope")["hub_id"])
+        print("hf_vocabspec.evaluation.offline" in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["anon8231489123/ShareGPT_Vicuna_unfiltered", "None", "True"]

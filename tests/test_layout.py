@@ -1,11 +1,14 @@
-"""The package's shape: no import cycle among its modules (lazy imports included), the core never imports
-the evaluation tooling, and drafter.py (shipped with every checkpoint) imports only torch and transformers."""
+"""The package's shape: no import cycle among its modules (lazy and by-name imports included), the core never
+imports the tooling (evaluation/, cli/), and drafter.py (shipped with every checkpoint) imports only torch and
+transformers."""
 
 from __future__ import annotations
 
 import ast
 import sys
 from pathlib import Path
+
+import pytest
 
 import hf_vocabspec
 
@@ -20,15 +23,22 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _imports(path: Path) -> set[str]:
-    """Every hf_vocabspec module this file imports, at any depth of the file (function-level too).
+_IMPORT_CALLS = {"import_module", "__import__"}
 
-    ``importlib.import_module("hf_vocabspec....")`` by name is not an edge: drafter.py uses it to reach optional
-    runtime modes (SSD) only when called, so the shipped file still loads without the package."""
-    name = _module_name(path)
-    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+
+def _lazy_targets() -> set[str]:
+    """The package's own lazy attribute table (PEP 562 __getattr__): edges from hf_vocabspec to those modules."""
+    return {f"hf_vocabspec.{m}" for m in (*hf_vocabspec._LAZY.values(), *hf_vocabspec._SUBMODULES)}
+
+
+def imports_of(source: str, name: str, is_package: bool = False) -> set[str]:
+    """Every hf_vocabspec module this source imports, at any depth (function-level too), including by name:
+    ``importlib.import_module("hf_vocabspec.x")`` and ``__import__("hf_vocabspec.x")`` are edges like any
+    import. A call with a computed name hides an edge, so it fails here (the package's lazy __getattr__ is
+    the one exception: its table is read instead)."""
+    package = name if is_package else name.rsplit(".", 1)[0]
     out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
@@ -41,7 +51,25 @@ def _imports(path: Path) -> set[str]:
                 out.update(f"{mod}.{a.name}" for a in node.names)  # `from . import x` imports module x
         elif isinstance(node, ast.Import):
             out.update(a.name for a in node.names if a.name.startswith("hf_vocabspec"))
+        elif isinstance(node, ast.Call):
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if called not in _IMPORT_CALLS or not node.args:
+                continue
+            arg = node.args[0]
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                if arg.value.startswith("hf_vocabspec"):
+                    out.add(arg.value)
+            elif name == "hf_vocabspec":
+                out.update(_lazy_targets())
+            else:
+                raise AssertionError(f"{name} line {node.lineno}: {called}() with a computed name hides an import "
+                                     "edge; name the module literally")
     return out
+
+
+def _imports(path: Path) -> set[str]:
+    return imports_of(path.read_text(), _module_name(path), path.name == "__init__.py")
 
 
 def _graph() -> dict[str, set[str]]:
@@ -94,12 +122,34 @@ def test_find_cycle_catches_a_cycle():
     assert find_cycle({"p.a": {"p"}, "p": set()}) is None
 
 
-def test_core_never_imports_evaluation_tooling():
-    graph = _graph()
-    offenders = {name: sorted(m for m in deps if m.startswith("hf_vocabspec.evaluation"))
-                 for name, deps in graph.items()
-                 if not name.startswith(("hf_vocabspec.evaluation", "hf_vocabspec.cli")) and name != "hf_vocabspec.offline"}
-    assert not {k: v for k, v in offenders.items() if v}
+TOOLING = ("hf_vocabspec.evaluation", "hf_vocabspec.cli")
+
+
+def core_imports_of_tooling(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Core module (anything outside evaluation/ and cli/) -> the tooling modules it imports."""
+    def tooling(m: str) -> bool:
+        return any(m == t or m.startswith(t + ".") for t in TOOLING)
+
+    found = {name: sorted(m for m in deps if tooling(m)) for name, deps in graph.items() if not tooling(name)}
+    return {k: v for k, v in found.items() if v}
+
+
+def test_core_never_imports_tooling():
+    assert core_imports_of_tooling(_graph()) == {}
+
+
+def test_layout_checks_have_power():
+    """By-name imports are edges, a computed name is refused, and a core -> tooling edge is reported."""
+    src = ("import importlib\n"
+           "def f():\n    return importlib.import_module('hf_vocabspec.evaluation.offline')\n"
+           "def g():\n    return __import__('hf_vocabspec.cli')\n")
+    assert imports_of(src, "hf_vocabspec.hub") == {"hf_vocabspec.evaluation.offline", "hf_vocabspec.cli"}
+    with pytest.raises(AssertionError, match="computed name"):
+        imports_of("import importlib\nname = 'x'\nimportlib.import_module('hf_vocabspec.' + name)\n", "hf_vocabspec.hub")
+    graph = {"hf_vocabspec.hub": {"hf_vocabspec.evaluation.offline"}, "hf_vocabspec.evaluation.offline": {"hf_vocabspec.hub"},
+             "hf_vocabspec.cli": {"hf_vocabspec.evaluation"}, "hf_vocabspec.cost": {"hf_vocabspec.drafter"}}
+    assert core_imports_of_tooling(graph) == {"hf_vocabspec.hub": ["hf_vocabspec.evaluation.offline"]}
+    assert find_cycle(graph) == ["hf_vocabspec.evaluation.offline", "hf_vocabspec.hub", "hf_vocabspec.evaluation.offline"]
 
 
 def test_drafter_module_imports_only_stdlib_torch_and_transformers():

@@ -346,7 +346,7 @@ def test_bench_builds_the_ssd_row_and_its_one_thread_baseline():
     drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)))
     drafter.use_context_tokens = True
     sessions = []
-    one, ssd = _ssd_methods(BenchConfig(ssd=True, ssd_mode="sync", num_assistant_tokens=4), "trimmed k=32", drafter,
+    one, ssd = _ssd_methods(BenchConfig(ssd=True, ssd_mode="sync", num_draft_tokens=4), "trimmed k=32", drafter,
                             sessions)
     assert one.threads == 1 and one.kind == "trimmed" and ssd.kind == "ssd" and ssd.assistant is sessions[0]
     assert ssd.attrs == {"use_context_tokens": False} and sessions[0].ssd_config.num_assistant_tokens == 4

@@ -163,16 +163,21 @@ def test_measured_model_tunes_and_the_choice_ships_with_the_drafter(tmp_path):
         warnings.simplefilter("ignore")  # "the machine was busy": expected on a shared test machine
         model, record = measure_throughput_model(target, base, convs, counts, [16, 40], draft_lengths=[2, 3],
                                                  repeats=2, context_length=16)
-    assert set(record["verify_ms"]) == {"1", "3", "4"} and record["load"][0] >= 0
+    assert set(record["verify_ms"]) == {"1", "3", "4"} and len(record["load"]) == 2
+    # the measured model is the record's numbers: verify seconds per width, the draft curve at the scored ks
+    assert model.verify_seconds == {int(n): ms / 1e3 for n, ms in record["verify_ms"].items()}
+    assert model.draft_latency.ks == [16, 40] == model.acceptance.ks
     result = tune(model)
-    assert result.k in (16, 40) and result.num_draft_tokens in (2, 3)
+    best = max(model.grid(), key=lambda cell: (model.tokens_per_second(*cell), -cell[0], -cell[1], not cell[2]))
+    assert (result.k, result.num_draft_tokens, result.context_tokens) == best  # the exact argmax, not just "in range"
+    assert result.tokens_per_second == pytest.approx(model.tokens_per_second(*best))
     # ship a fixed choice (context tokens on, L=3) and check target.generate picks it up with no arguments
     choice = TuneResult(16, 3, True, 1.0, 1.0, [(16, 3, True, 1.0)])
     save_tuned_drafter(base, counts, choice, tmp_path / "drafter")
     loaded = hf_vocabspec.TrimmedDrafter.from_pretrained(tmp_path / "drafter").eval()
     assert loaded.generation_config.num_assistant_tokens == 3
     assert loaded.config.context_tokens is True and loaded.use_context_tokens
-    assert loaded.config.selection["num_assistant_tokens"] == 3 and loaded.config.selection["context_tokens"] is True
+    assert loaded.config.selection["num_draft_tokens"] == 3 and loaded.config.selection["context_tokens"] is True
     prompt = torch.tensor([[1, 6, 9, 14, 6, 9]])
     ref = target.generate(prompt, do_sample=False, max_new_tokens=20)
     out = target.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=loaded)
@@ -190,7 +195,7 @@ def test_card_reports_the_tuned_setting(tmp_path):
     card = build_model_card(drafter)
     header = card.data.to_dict()
     assert header["num_assistant_tokens"] == 7 and header["context_tokens"] is True
-    assert "num_assistant_tokens" in card.text and "predicted_speedup" in card.text  # the selection table
+    assert "num_draft_tokens" in card.text and "predicted_speedup" in card.text  # the selection table
 
 
 def test_validation_measures_the_tuned_setting_next_to_its_neighbours():

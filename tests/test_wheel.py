@@ -24,8 +24,17 @@ from transformers import LlamaConfig, LlamaForCausalLM, AutoModelForCausalLM
 
 target_dir = Path(sys.argv[1]).resolve()
 assert Path(hf_vocabspec.__file__).resolve().is_relative_to(target_dir), hf_vocabspec.__file__
-from hf_vocabspec.hub import TEMPLATE, build_model_card
+from hf_vocabspec.hub import TEMPLATE, build_model_card, model_origin
 assert TEMPLATE.resolve().is_relative_to(target_dir) and TEMPLATE.is_file(), TEMPLATE
+# the wheel's metadata carries the tested ranges (read back by _versions) and the offline-origin entry point
+import importlib.metadata
+from hf_vocabspec import _versions
+dist = importlib.metadata.distribution("hf_vocabspec")
+assert Path(dist.locate_file("hf_vocabspec/__init__.py")).resolve().is_relative_to(target_dir)
+assert all(_versions.bounds(d)[1] for d in ("transformers", "optuna", "datasets", "accelerate")), "upper bounds"
+_versions.check("transformers")
+assert "hf_vocabspec.evaluation.offline" not in sys.modules
+assert model_origin("offline:sharegpt")["hub_id"] == "anon8231489123/ShareGPT_Vicuna_unfiltered"
 
 torch.manual_seed(0)
 base = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

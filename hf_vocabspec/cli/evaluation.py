@@ -84,7 +84,7 @@ def _demo(args, out_dir: Path) -> int:
     dataset = load_chat_dataset(args.dataset)
     from ..coverage import count_assistant_tokens
 
-    counted, held_out = count_split(dataset, args.count_examples or len(dataset), min_held_out=0)
+    counted, held_out = count_split(dataset, args.count_examples or len(dataset))
     counts = count_assistant_tokens(counted, tokenizer, progress=True)
     counts.save(out_dir / "counts.safetensors")
     keep = counts.top_k(counts.smallest_k_for_coverage(args.min_coverage))
@@ -95,7 +95,7 @@ def _demo(args, out_dir: Path) -> int:
     log(f"2/5 loading target (fp32) and drafter ({what})")
     target = load_model(args.target, dtype=torch.float32).eval()
     drafter_full = load_model(args.drafter or args.target, dtype=DTYPES[args.drafter_dtype]).eval()
-    set_draft_length(drafter_full.generation_config, args.num_assistant_tokens)
+    set_draft_length(drafter_full.generation_config, args.num_draft_tokens)
 
     log("3/5 trimming, saving and reloading the drafter")
     trimmed = trim_drafter(
@@ -104,7 +104,7 @@ def _demo(args, out_dir: Path) -> int:
         selection={"min_coverage": args.min_coverage, "k": k, "coverage": counts.coverage(k),
                    "dataset": args.dataset, "count_examples": args.count_examples},
     )
-    set_draft_length(trimmed.generation_config, args.num_assistant_tokens)
+    set_draft_length(trimmed.generation_config, args.num_draft_tokens)
     trimmed.save_pretrained(out_dir / "drafter")
     tokenizer.save_pretrained(out_dir / "drafter")
     del trimmed
@@ -181,7 +181,7 @@ def cmd_bench(args) -> int:
         target=args.target, drafter=args.drafter, drafter_dtype=args.drafter_dtype, vocab_dataset=args.dataset,
         count_examples=args.count_examples, coverages=tuple(args.coverages), ks=tuple(args.ks), workloads=tuple(args.workloads),
         modes=tuple(args.modes), prompts=args.prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-        num_assistant_tokens=args.num_assistant_tokens, context_tokens=args.context_tokens,
+        num_draft_tokens=args.num_draft_tokens, context_tokens=args.context_tokens,
         ssd=args.ssd, ssd_mode=args.ssd_mode,
     )
     with output_folder(out):
@@ -204,7 +204,7 @@ def _cmd_batch_bench(args, out) -> int:
         target=args.target, drafter=args.drafter, drafter_dtype=args.drafter_dtype, vocab_dataset=args.dataset,
         count_examples=args.count_examples, coverage=coverage, context_tokens=True,
         batch_sizes=tuple(args.batch_sizes), max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-        num_assistant_tokens=args.num_assistant_tokens, batched_speculation=args.batched_speculation,
+        num_draft_tokens=args.num_draft_tokens, batched_speculation=args.batched_speculation,
     )
     with output_folder(out):
         report = run_batch_bench(cfg, out, progress=lambda s: tqdm.write(s))
@@ -223,7 +223,7 @@ def cmd_acceptance(args) -> int:
     with output_folder(out):
         report = run_acceptance_report(args.target, out, dataset=args.dataset, count_examples=args.count_examples,
                                        levels=args.levels, conversations=args.conversations,
-                                       temperatures=args.temperatures, num_draft_tokens=args.num_assistant_tokens,
+                                       temperatures=args.temperatures, num_draft_tokens=args.num_draft_tokens,
                                        progress=lambda s: tqdm(s, desc="score"))
     from ..evaluation.acceptance import format_acceptance
 
@@ -309,7 +309,7 @@ def register(sub) -> None:
     d.add_argument("--max-prompt-tokens", type=positive_int, default=256)
     d.add_argument("--answer-prefix-tokens", type=non_negative_int, default=32,
                    help="prompts carry this many tokens of the reference answer (0: bare chat prompts)")
-    d.add_argument("--num-assistant-tokens", type=positive_int, default=5)
+    d.add_argument("--num-draft-tokens", "--num-assistant-tokens", type=positive_int, default=5, dest="num_draft_tokens")
     d.add_argument("--repeats", type=positive_int, default=1)
     d.add_argument("--threads", type=positive_int, default=None)
     d.add_argument("--strict", action="store_true", help="exit 1 if greedy output differs from target-only")
@@ -330,7 +330,7 @@ def register(sub) -> None:
     b.add_argument("--prompts", type=positive_int, default=3)
     b.add_argument("--max-new-tokens", type=positive_int, default=48)
     b.add_argument("--repeats", type=positive_int, default=2)
-    b.add_argument("--num-assistant-tokens", type=positive_int, default=5)
+    b.add_argument("--num-draft-tokens", "--num-assistant-tokens", type=positive_int, default=5, dest="num_draft_tokens")
     b.add_argument("--context-tokens", action="store_true",
                    help="also run every trimmed k with context tokens on (same drafter, method 'trimmed k=K +context')")
     b.add_argument("--ssd", action="store_true",
@@ -353,7 +353,7 @@ def register(sub) -> None:
     ac.add_argument("--levels", type=pruned_share, nargs="+", default=[0.5, 0.75, 0.9, 0.95, 0.97], help="pruned shares")
     ac.add_argument("--conversations", type=positive_int, default=24, help="held-out conversations scored")
     ac.add_argument("--temperatures", type=positive_float, nargs="+", default=[1.0, 0.7])
-    ac.add_argument("--num-assistant-tokens", type=positive_int, default=5)
+    ac.add_argument("--num-draft-tokens", "--num-assistant-tokens", type=positive_int, default=5, dest="num_draft_tokens")
     ac.add_argument("--output", default="results/acceptance")
     overwrite_arg(ac)
     ac.set_defaults(func=cmd_acceptance)

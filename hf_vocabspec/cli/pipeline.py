@@ -135,7 +135,7 @@ def cmd_select(args) -> int:
 
 def _trim_counts(args, tokenizer):
     """(counts, held-out counts or None): count the first --max-examples conversations (evaluation.data.count_split:
-    fewer if that would leave under 500 held out) and count the rest (up to 1,000) for the reported coverage."""
+    fewer if that would leave under min_held_out(len) held out) and count the rest (up to 1,000) for the reported coverage."""
     from ..coverage import count_assistant_tokens, count_assistant_tokens_distributed
     from ..evaluation.data import count_split
     from ..evaluation.offline import load_chat_dataset
@@ -143,7 +143,7 @@ def _trim_counts(args, tokenizer):
     dataset = load_chat_dataset(args.dataset)
     if not hasattr(dataset, "__len__"):
         return count_for_args(args), None
-    counted, held = count_split(dataset, args.max_examples, min_held_out=min(500, len(dataset) // 5))
+    counted, held = count_split(dataset, args.max_examples)
     counts = count_assistant_tokens_distributed(counted, tokenizer, progress=True)
     if not is_main_process() or len(held) == 0:
         return counts, None

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from .._io import atomic_write
 from ..cost import expected_accepted_length
 from .data import Conversation, count_split, held_out_conversations
 
@@ -87,7 +88,7 @@ def run_acceptance_report(target_name: str, out_dir, *, dataset: str = "offline:
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(target_name)
     ds = load_chat_dataset(dataset)
-    counted, held_out = count_split(ds, count_examples, min_held_out=100)
+    counted, held_out = count_split(ds, count_examples)
     n_count = len(counted)
     counts = count_assistant_tokens(counted, tokenizer, progress=False)
     target = load_model(target_name, dtype=torch.float32).eval()
@@ -103,8 +104,8 @@ def run_acceptance_report(target_name: str, out_dir, *, dataset: str = "offline:
     report = {"target": target_name, "dataset": dataset, "count_examples": n_count, "date": time.strftime("%Y-%m-%d"),
               "conversations": len(convs), "positions": sum(c.ids.numel() - c.answer_start + 1 for c in convs),
               "num_draft_tokens": num_draft_tokens, "vocab_size": vocab, "rows": rows}
-    (out / "results.json").write_text(json.dumps(report, indent=2))
-    (out / "results.md").write_text(format_acceptance(report))
+    atomic_write(out / "results.json", lambda p: p.write_text(json.dumps(report, indent=2)))
+    atomic_write(out / "results.md", lambda p: p.write_text(format_acceptance(report)))
     plot_acceptance(report, out / "acceptance_vs_vocab.png")
     return report
 

@@ -36,7 +36,7 @@ class BatchBenchConfig:
     max_new_tokens: int = 48
     answer_prefix_tokens: int = 32
     repeats: int = 2
-    num_assistant_tokens: int | None = None  # None: the trimmed drafter's own default
+    num_draft_tokens: int | None = None  # None: the trimmed drafter's own default
     batched_speculation: str = "auto"
     hf_loop: bool = True  # also time the batch-1 HF assisted loop (untrimmed drafter)
 
@@ -121,8 +121,8 @@ def run_batch_bench(cfg: BatchBenchConfig, out_dir, progress=None) -> dict:
     drafter_name = cfg.drafter or cfg.target
     trimmed = trim_drafter(load_model(drafter_name, dtype=dtype), work.counts.top_k(k), tokenizer=tokenizer).eval()
     trimmed.use_context_tokens = cfg.context_tokens and trimmed.supports_context_tokens
-    if cfg.num_assistant_tokens:
-        set_draft_length(trimmed.generation_config, cfg.num_assistant_tokens)
+    if cfg.num_draft_tokens:
+        set_draft_length(trimmed.generation_config, cfg.num_draft_tokens)
     trimmed.generation_config.batched_speculation = cfg.batched_speculation
     full = None
     if cfg.hf_loop:

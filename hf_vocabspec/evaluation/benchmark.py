@@ -9,6 +9,7 @@ latencies and the zero-cost-drafter limit describe exactly the runs whose tokens
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import platform
 import statistics
@@ -17,9 +18,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
+from transformers import GenerationConfig
 from transformers.generation.candidate_generator import AssistedCandidateGenerator
 
-from ..cost import iid_acceptance
+from .._io import atomic_write
+from ..cost import RoundModel, iid_acceptance
 from ..drafter import TrimmedDrafter, set_draft_length
 from ..generation import SpeculationStats
 from .data import eval_prompts, first_exchange, load_workload  # noqa: F401 (re-exported)
@@ -54,6 +57,19 @@ def _drafter_of(assistant) -> TrimmedDrafter | None:
     if getattr(assistant, "_hf_vocabspec_candidate_generator", None) is not None:
         return getattr(assistant, "drafter", None)
     return None
+
+
+def generation_config_for(model, **overrides) -> GenerationConfig:
+    """ONE GenerationConfig for a generate call: the model's own, ``.update(**overrides)``, passed alone.
+
+    Why: transformers deprecates passing ``generation_config`` together with generation arguments; one
+    config per call also says exactly what the call ran with. A key that is not a generation setting is
+    refused here rather than silently forwarded to the model's forward."""
+    config = copy.deepcopy(model.generation_config)
+    unused = config.update(**overrides)
+    if unused:
+        raise ValueError(f"Not generation settings: {sorted(unused)}; pass them to generate() as model inputs.")
+    return config
 
 
 @contextlib.contextmanager
@@ -174,6 +190,18 @@ class MethodResult:
         return d
 
 
+def timing_problem(r: MethodResult) -> str | None:
+    """One line when a run's clocks contradict each other, else None: forwards timed inside generate adding
+    up to generate's own time or more (then "other" time is negative and the zero-cost limit is not above the
+    measured rate). Judged on bench runs, where the clocks mean something; the suite checks the rule on
+    given numbers."""
+    inside = r.target_seconds + r.drafter_seconds
+    if r.seconds > 0 and inside >= r.seconds:
+        return (f"{r.name}: forwards timed inside generate ({inside:.3f} s) add up to at least generate's own time "
+                f"({r.seconds:.3f} s): the forward timer double counts")
+    return None
+
+
 def speculation_vs_target(r: MethodResult, base: MethodResult) -> dict:
     """Zero-cost-drafter limit vs target only, and the analytic expected speedup (same run).
 
@@ -185,7 +213,8 @@ def speculation_vs_target(r: MethodResult, base: MethodResult) -> dict:
     because the formula counts time in verify steps while target only pays (cheaper) decode steps. ``a`` is
     the i.i.d. per-token acceptance whose expected tokens per round (1 - a^(L+1)) / (1 - a) equals the measured
     tau: accepted / proposed is not that a (at a = 0.8, L = 5 it reads 0.54), and plugging it in would
-    predict a tau the run did not have. With that a the formula is tau / (L c + 1) x decode / verify.
+    predict a tau the run did not have. With that a the formula is tau / (L c + 1) x decode / verify
+    (:class:`~hf_vocabspec.cost.RoundModel` from the measured steps).
     """
     limit = r.zero_cost_limit_tokens_per_s
     out = {"zero_cost_limit_speedup_vs_target": limit / base.tokens_per_s if limit and base.tokens_per_s else None,
@@ -194,9 +223,9 @@ def speculation_vs_target(r: MethodResult, base: MethodResult) -> dict:
     if None in (verify, draft, decode, tau) or not r.rounds:
         return out
     drafts = r.proposed / r.rounds
-    c = draft / verify
-    out.update(draft_verify_cost_ratio=c, acceptance_iid=iid_acceptance(tau, drafts),
-               expected_speedup_theory=tau / (drafts * c + 1) * decode / verify)
+    rounds = RoundModel.from_measured(draft, verify, decode)
+    out.update(draft_verify_cost_ratio=draft / verify, acceptance_iid=iid_acceptance(tau, drafts),
+               expected_speedup_theory=rounds.speedup(drafts, tau=tau))
     return out
 
 
@@ -206,7 +235,7 @@ class ForwardTimer:
     Prefill rule: the first forward of each model within one generate call is its prefill (it carries the
     whole prompt; in assisted decoding the target's first forward also verifies the first round's drafts).
     Every later forward of HF's loops and of our draft loop only feeds tokens produced since that model's
-    previous forward (at most num_assistant_tokens + 1), so it is a step whatever the draft schedule; a
+    previous forward (at most the draft length + 1), so it is a step whatever the draft schedule; a
     token-count threshold would misfile verify steps once a heuristic schedule grows the draft length.
     A TrimmedDrafter draft step is its body forward plus the trimmed head that follows it (context-token
     rows, draft-space processors and sampling are no module calls: they count as "other"); an HF
@@ -329,7 +358,8 @@ def compare_methods(
     Each generate call is also timed forward by forward (:class:`ForwardTimer`), with the method's ``attrs``
     set on its assistant for that call only.
     """
-    generate_kwargs = dict(generate_kwargs or {})
+    warm_config = generation_config_for(target, max_new_tokens=4, **(generate_kwargs or {}))
+    config = generation_config_for(target, max_new_tokens=max_new_tokens, **(generate_kwargs or {}))
     results = {}
     for m in methods:
         drafter = _drafter_of(m.assistant)
@@ -352,8 +382,8 @@ def compare_methods(
             if m.prepare is not None:
                 m.prepare()
             with applied_attrs(_drafter_of(m.assistant) or m.assistant, m.attrs), torch_threads(m.threads):
-                target.generate(prompts[0], attention_mask=torch.ones_like(prompts[0]), max_new_tokens=4,
-                                assistant_model=m.assistant, **generate_kwargs)
+                target.generate(prompts[0], attention_mask=torch.ones_like(prompts[0]), generation_config=warm_config,
+                                assistant_model=m.assistant)
         for r, i, m in iterator:
             ids = prompts[i]
             res = results[m.name]
@@ -363,10 +393,8 @@ def compare_methods(
             with (applied_attrs(_drafter_of(m.assistant) or m.assistant, m.attrs), torch_threads(m.threads),
                   count_hf_acceptance() as hf_counts, timer.timing(res)):
                 t0 = time.perf_counter()
-                out = target.generate(
-                    ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                    assistant_model=m.assistant, **generate_kwargs,
-                )
+                out = target.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
+                                      assistant_model=m.assistant)
                 dt = time.perf_counter() - t0
             n_new = out.shape[1] - ids.shape[1]
             res.new_tokens += n_new
@@ -420,6 +448,7 @@ def method_rows(results: dict[str, MethodResult], baseline: str = "target only",
             row["speedup_vs_hf_assisted"] = median_ratio(r, results[hf_assisted])
         if r.speculative:
             row.update(speculation_vs_target(r, base))
+        row["timing_problem"] = timing_problem(r)
         rows[name] = row
     return rows
 
@@ -472,7 +501,7 @@ class BenchConfig:
     max_new_tokens: int = 48
     answer_prefix_tokens: int = 32
     repeats: int = 2
-    num_assistant_tokens: int = 5
+    num_draft_tokens: int = 5  # L (transformers' num_assistant_tokens), constant
     context_tokens: bool = False  # also run every trimmed k with drafter.use_context_tokens = True
     # SSD (hf_vocabspec.ssd): per trimmed k, an SSD row with default settings (fallback on) in this mode, next
     # to ordinary speculative decoding at 1 torch thread (the 2-thread row is the trimmed row itself)
@@ -502,14 +531,14 @@ def run_benchmark(cfg: BenchConfig, out_dir, progress: Callable | None = None) -
     tokenizer, target, counts, vocab_held_out = work.tokenizer, work.target, work.counts, work.held_out
     drafter_name = cfg.drafter or cfg.target
     full = load_model(drafter_name, dtype=dtype).eval()
-    set_draft_length(full.generation_config, cfg.num_assistant_tokens)
+    set_draft_length(full.generation_config, cfg.num_draft_tokens)
     methods = [Method("target only"), Method("HF assisted (untrimmed)", full)]
     trimmed = []
     sessions = []  # SSD sessions (worker processes), closed at the end
     sizes = [counts.smallest_k_for_coverage(c) for c in cfg.coverages] + list(cfg.ks)
     for k in sorted(set(sizes)):
         d = trim_drafter(load_model(drafter_name, dtype=dtype), counts.top_k(k), tokenizer=tokenizer)
-        set_draft_length(d.generation_config, cfg.num_assistant_tokens)
+        set_draft_length(d.generation_config, cfg.num_draft_tokens)
         name = f"trimmed k={d.config.draft_vocab_size}"
         trimmed.append(d)
         methods.append(Method(name, d, attrs={"use_context_tokens": False}))
@@ -533,7 +562,7 @@ def run_benchmark(cfg: BenchConfig, out_dir, progress: Callable | None = None) -
                                   generate_kwargs=_MODES[mode], progress=progress)
             rows = method_rows(res, "target only", "HF assisted (untrimmed)")
             if cfg.ssd:
-                ssd_rows(res, rows, methods, cfg.num_assistant_tokens)
+                ssd_rows(res, rows, methods, cfg.num_draft_tokens)
             for m in methods:
                 if isinstance(m.assistant, TrimmedDrafter):
                     rows[m.name]["eval_coverage"] = eval_counts.coverage_of(m.assistant.d2t)
@@ -541,10 +570,10 @@ def run_benchmark(cfg: BenchConfig, out_dir, progress: Callable | None = None) -
             identical = all(res[m.name].outputs == base.outputs for m in methods) if mode == "greedy" else None
             report["runs"].append({"workload": workload, "in_domain": workload == cfg.vocab_dataset, "mode": mode,
                                    "prompts": len(prompts), "methods": rows, "greedy_identical": identical})
-            (out / "results.json").write_text(json.dumps(report, indent=2))
+            atomic_write(out / "results.json", lambda p: p.write_text(json.dumps(report, indent=2)))
     for session in sessions:
         session.close()
-    (out / "results.md").write_text(format_report(report))
+    atomic_write(out / "results.md", lambda p: p.write_text(format_report(report)))
     plot_report(report, out)
     return report
 
@@ -560,7 +589,7 @@ def _ssd_methods(cfg: BenchConfig, name: str, drafter: TrimmedDrafter, sessions:
 
     with applied_attrs(drafter, {"use_context_tokens": False}):  # the worker copies the switches at start
         session = SSDSession(drafter, SSDConfig(fan_out=cfg.ssd_fan_out, saguaro_scale=cfg.ssd_saguaro_scale,
-                                                mode=cfg.ssd_mode, num_assistant_tokens=cfg.num_assistant_tokens))
+                                                mode=cfg.ssd_mode, num_assistant_tokens=cfg.num_draft_tokens))
     sessions.append(session)
     off = {"use_context_tokens": False}
     return [Method(f"{name} (1 thread)", drafter, attrs=off, threads=1),

@@ -33,10 +33,21 @@ def load_workload(target: str, dataset: str, count_examples: int, *, progress: b
     return Workload(tokenizer, load_model(target, dtype=torch.float32).eval(), counts, held_out)
 
 
-def count_split(dataset, count_examples: int, min_held_out: int = 500):
+MIN_HELD_OUT = 500
+
+
+def min_held_out(dataset_size: int) -> int:
+    """Conversations every tool keeps back from counting: ``MIN_HELD_OUT``, or a fifth of a smaller dataset.
+
+    Why one rule: the benchmark, tune, acceptance, trim and the demo each kept their own minimum (500, 100, 100,
+    min(500, n // 5), 0), so one dataset split five ways; the demo's 0 left no prompt on a small dataset."""
+    return min(MIN_HELD_OUT, int(dataset_size) // 5)
+
+
+def count_split(dataset, count_examples: int):
     """(counted, held_out): the first ``count_examples`` conversations (fewer if that would leave under
-    ``min_held_out``), and the rest."""
-    n = max(0, min(int(count_examples), len(dataset) - min_held_out))
+    :func:`min_held_out`), and the rest."""
+    n = max(0, min(int(count_examples), len(dataset) - min_held_out(len(dataset))))
     return dataset.select(range(n)), dataset.select(range(n, len(dataset)))
 
 

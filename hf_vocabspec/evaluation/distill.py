@@ -419,7 +419,7 @@ class DistillTrainer(Trainer):
                   | {"params": len(g["params"])} for g in sd["param_groups"]]
         index = {"format": _FORMAT, "param_names": names, "param_groups": groups,
                  "scheduler": self.lr_scheduler.state_dict()}
-        Path(output_dir, SCHEDULER_FILE).write_text(json.dumps(index, indent=1))
+        atomic_write(Path(output_dir, SCHEDULER_FILE), lambda p: p.write_text(json.dumps(index, indent=1)))
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         if checkpoint is None:

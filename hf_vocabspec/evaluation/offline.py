@@ -181,8 +181,15 @@ _DATASETS: dict[str, dict[str, str]] = {
 }
 
 
-for _key, _spec in (*_MODELS.items(), *_DATASETS.items()):  # model cards name the real Hub origins
-    register_origin(OFFLINE_PREFIX + _key, _spec.get("hub_id"), _spec.get("license"))
+def register_origins() -> None:
+    """Tell the core's origin registry which Hub ids and licences the ``offline:`` names stand for, so model
+    cards name the real base model and dataset. Run on import, and by the core through the
+    ``hf_vocabspec.origins`` entry point when it meets an ``offline:`` name before this module was loaded."""
+    for key, spec in (*_MODELS.items(), *_DATASETS.items()):
+        register_origin(OFFLINE_PREFIX + key, spec.get("hub_id"), spec.get("license"))
+
+
+register_origins()
 
 
 def is_offline_name(name: object) -> bool:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from .._io import atomic_write
 from ..cost import expected_accepted_length
 from ..drafter import set_draft_length
 from .benchmark import Method, MethodResult, compare_methods
@@ -49,7 +50,7 @@ class RDKBenchConfig:
     max_new_tokens: int = 48
     repeats: int = 1
     answer_prefix_tokens: int = 32
-    num_assistant_tokens: int = 5
+    num_draft_tokens: int = 5  # L (transformers' num_assistant_tokens), constant
     generate: bool = True
 
 
@@ -77,7 +78,7 @@ def run_rdk_benchmark(cfg: RDKBenchConfig, out_dir, progress: Callable | None = 
 
     def drafter_for(keep):
         d = trim_drafter(load_model(cfg.target, dtype=dtype).eval(), keep, tokenizer=tokenizer)
-        set_draft_length(d.generation_config, cfg.num_assistant_tokens)
+        set_draft_length(d.generation_config, cfg.num_draft_tokens)
         return d
 
     untrimmed = drafter_for(torch.arange(vocab))
@@ -147,10 +148,10 @@ def run_rdk_benchmark(cfg: RDKBenchConfig, out_dir, progress: Callable | None = 
                                            "fitted_moved_mass": lv[f"fitted_{temp}"].moved_mass,
                                            "prior_moved_mass": lv["prior"].moved_mass} for lv in levels},
         })
-        (out / "results.json").write_text(json.dumps(report, indent=2, default=str))
+        atomic_write(out / "results.json", lambda p: p.write_text(json.dumps(report, indent=2, default=str)))
     report["seconds_total"] = time.perf_counter() - t_start
-    (out / "results.json").write_text(json.dumps(report, indent=2, default=str))
-    (out / "results.md").write_text(format_rdk_report(report))
+    atomic_write(out / "results.json", lambda p: p.write_text(json.dumps(report, indent=2, default=str)))
+    atomic_write(out / "results.md", lambda p: p.write_text(format_rdk_report(report)))
     plot_rdk_report(report, out / "rdk_tau_vs_vocab.png")
     return report
 
@@ -168,7 +169,7 @@ def _f(x, fmt):
 
 
 def format_rdk_report(report: dict) -> str:
-    draft_tokens = int(report["config"].get("num_assistant_tokens", 5))
+    draft_tokens = int(report["config"].get("num_draft_tokens", report["config"].get("num_assistant_tokens", 5)))
     lines = []
     for run in report["runs"]:
         lines += [f"\nTemperature {run['temperature']} ({report['prompts']} prompts x "

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from .._io import atomic_write
 from ..coverage import TokenCounts
 from ..selection import AcceptanceProfile, ThroughputModel, TuneResult, tune
 from .data import Conversation
@@ -162,7 +163,7 @@ def save_tuned_drafter(base_drafter, counts: TokenCounts, result: TuneResult, ou
     from ..drafter import set_draft_length, trim_drafter
 
     selection = {"method": "hf-vocabspec tune (joint k, L, context tokens)", "k": result.k,
-                 "coverage": counts.coverage(result.k), "num_assistant_tokens": result.num_draft_tokens,
+                 "coverage": counts.coverage(result.k), "num_draft_tokens": result.num_draft_tokens,
                  "context_tokens": result.context_tokens, "predicted_speedup": round(result.speedup, 4),
                  "predicted_tokens_per_s": round(result.tokens_per_second, 3), **(extra_selection or {})}
     drafter = trim_drafter(base_drafter, counts.top_k(result.k), tokenizer=tokenizer, target_model=target_model,
@@ -214,7 +215,7 @@ def run_tune(
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(target_name)
     ds = load_chat_dataset(dataset)
-    counted, held_out = count_split(ds, count_examples, min_held_out=100)
+    counted, held_out = count_split(ds, count_examples)
     counts = count_assistant_tokens(counted, tokenizer, progress=False)
     target = load_model(target_name, dtype=torch.float32).eval()
     drafter = load_model(drafter_name, dtype=drafter_dtype).eval()
@@ -245,7 +246,7 @@ def run_tune(
             draft_lengths=validate_draft_lengths, tokenizer=tokenizer, max_new_tokens=max_new_tokens,
             generate_kwargs={"do_sample": False} if mode == "greedy" else {"do_sample": True, "temperature": _temperature(mode), "top_k": 0},
             progress=progress)
-    (out / "tune.json").write_text(json.dumps(report, indent=2))
+    atomic_write(out / "tune.json", lambda p: p.write_text(json.dumps(report, indent=2)))
     result.plot_heatmap(out / "heatmap.png", model)
     if save_drafter:
         save_tuned_drafter(drafter, counts, result, out / "drafter", tokenizer=tokenizer, target_model=target_name,
