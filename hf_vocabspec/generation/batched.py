@@ -25,13 +25,14 @@ matmul for the batch; any q is exact because verification corrects it).
 
 Fallback: at large batch on a compute-bound target, a verify of (L+1) positions for B rows may cost more than
 it earns. With ``batched_speculation="auto"`` (the drafter's generation_config), the loop times its first rounds
-and one plain decode step (which produces tokens too, nothing is wasted), compares seconds per emitted token,
-and decodes plainly when speculation does not pay; "on" / "off" force it. The decision is in the stats.
+and one plain decode step (which produces tokens too, nothing is wasted), hands them to the round model
+(:class:`hf_vocabspec.cost.RoundModel`), and decodes plainly when speculation does not pay; "on" / "off" force it. The decision is in the stats.
 """
 
 from __future__ import annotations
 
 import copy
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -39,6 +40,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
+from ..cost import RoundModel
 from ..drafter import TrimmedDrafter, cache_kwarg
 from .stats import SpeculationStats
 from .vocabulary import DraftVocabulary, draft_space_processors, is_value_only
@@ -46,6 +48,17 @@ from .vocabulary import DraftVocabulary, draft_space_processors, is_value_only
 SPECULATION_MODES = ("auto", "on", "off")
 # Rounds timed before the auto decision (the first round also pays the prefill, so it is not timed).
 PROBE_ROUNDS = 2
+
+
+@dataclass
+class _Timed:
+    """One timed speculative round: wall seconds, of which drafting, draft steps, rows, tokens emitted."""
+
+    seconds: float
+    draft_s: float
+    draft_steps: int
+    rows: int
+    emitted: int
 
 
 @dataclass
@@ -220,7 +233,7 @@ class BatchedSpeculation:
             self.drafter.add_context(input_ids[mask.bool()])
         self.drafted_len = 0  # columns of seq the drafter cache holds
         self.stats = SpeculationStats(batch_size=B)
-        self.round_times: list[tuple[float, int]] = []  # (seconds, tokens emitted) per timed round
+        self.round_times: list[_Timed] = []
 
     # ---- helpers -------------------------------------------------------------------------------------------
     def _mask(self, length: int) -> torch.Tensor:
@@ -467,38 +480,48 @@ class BatchedSpeculation:
         self.stats.decision = {"on": "speculate (forced: batched_speculation='on')",
                                "off": "decode (forced: batched_speculation='off')", "auto": ""}[self.speculation]
         rounds = 0
-        plain_probe: float | None = None
+        plain_probe: tuple[float, int] | None = None  # (seconds, rows) of the probe's plain step
         while self.rows.numel():
             t0 = time.perf_counter()
+            rows = self.rows.numel()
             if mode == "speculate":
+                draft_before, steps_before = self.stats.draft_seconds, self.stats.draft_steps
                 emitted = self._speculative_round()
                 rounds += 1
-                if rounds > 1:  # the first round pays for warm-up: not timed
-                    self.round_times.append((time.perf_counter() - t0, emitted))
+                steps = self.stats.draft_steps - steps_before
+                if rounds > 1 and steps:  # the first round pays for warm-up: not timed
+                    self.round_times.append(_Timed(time.perf_counter() - t0, self.stats.draft_seconds - draft_before,
+                                                   steps, rows, emitted))
             else:
-                emitted = self._plain_step()
+                self._plain_step()
                 if plain_probe is None:
-                    plain_probe = (time.perf_counter() - t0) / max(emitted, 1)
+                    plain_probe = (time.perf_counter() - t0, rows)
             if self.speculation == "auto" and not self.stats.decision and len(self.round_times) >= PROBE_ROUNDS:
                 if plain_probe is None:
                     mode = "decode"  # probe one plain step (it produces tokens: nothing is wasted)
                     continue
-                mode = self._decide(plain_probe)
+                mode = self._decide(*plain_probe)
         if not self.stats.decision:
             self.stats.decision = "speculate (finished before the measured decision)"
         return self._sequences()
 
-    def _decide(self, plain_s_per_token: float) -> str:
-        """Speculate on only if the measured rounds beat the measured plain step (seconds per emitted token)."""
-        seconds = sum(t for t, _ in self.round_times)
-        tokens = sum(e for _, e in self.round_times)
-        spec_s_per_token = seconds / max(tokens, 1)
-        if spec_s_per_token <= plain_s_per_token:
-            self.stats.decision = (f"speculate (measured {spec_s_per_token * 1e3:.1f} ms/token vs plain decoding "
-                                   f"{plain_s_per_token * 1e3:.1f} ms/token)")
+    def _decide(self, plain_step_s: float, plain_rows: int) -> str:
+        """Speculate on only if the round model, fed this call's measured rounds and plain step, says it pays."""
+        rounds = self.round_times
+        rows = statistics.median(r.rows for r in rounds)
+        model = RoundModel.from_measured(
+            draft_step_s=statistics.median(r.draft_s / r.draft_steps for r in rounds),
+            verify_step_s=statistics.median(r.seconds - r.draft_s for r in rounds),  # verify + bookkeeping
+            decode_step_s=plain_step_s, batch_size=plain_rows)
+        tau = sum(r.emitted for r in rounds) / sum(r.rows for r in rounds)
+        L = statistics.median(r.draft_steps for r in rounds)
+        # the plain step ran with plain_rows rows; rounds with about the same: compare at one batch size
+        reason = model.fallback_reason(L, batch_size=plain_rows, tau=tau)
+        if reason is None:
+            speedup = model.speedup(L, batch_size=plain_rows, tau=tau)
+            self.stats.decision = f"speculate (measured: predicted {speedup:.2f}x plain decoding at batch {rows:g})"
             return "speculate"
-        self.stats.decision = (f"decode (plain decoding {plain_s_per_token * 1e3:.1f} ms/token beat speculation "
-                               f"{spec_s_per_token * 1e3:.1f} ms/token at batch {self.B})")
+        self.stats.decision = f"decode ({reason})"
         return "decode"
 
     def _sequences(self) -> torch.Tensor:

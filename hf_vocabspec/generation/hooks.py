@@ -29,28 +29,23 @@ from transformers import GenerationMixin
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .. import verify_head as _verify_head
+from .._versions import check, supported_range
 from ..drafter import TrimmedDrafter, VocabularyMapError, check_draft_length, tokenizer_sha256
 from ..rdk import drafter_kernel
 from .batched import SPECULATION_MODES, BatchedSpeculation
 from .candidates import TrimmedCandidateGenerator
-
-# transformers versions whose private generation API this module was read against; pyproject pins the same.
-SUPPORTED_TRANSFORMERS = ((5, 18), (5, 25))
 
 _ORIGINALS: dict[str, object] = {}
 _FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> sha256, hashed once
 
 
 def check_transformers_version() -> None:
-    import transformers
-
-    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
-    lo, hi = SUPPORTED_TRANSFORMERS
-    if not (lo <= (major, minor) < hi) or not hasattr(GenerationMixin, "_get_candidate_generator"):
-        raise ImportError(
-            f"hf_vocabspec supports transformers >={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]} (found {transformers.__version__}): "
-            f"pip install 'transformers>={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]}'."
-        )
+    """The installed transformers must be in the range pyproject declares (and CI tests): one line with the pip
+    command otherwise. The range's one home is pyproject.toml, read back from the installed metadata."""
+    check("transformers")
+    if not hasattr(GenerationMixin, "_get_candidate_generator"):
+        raise ImportError("This transformers has no GenerationMixin._get_candidate_generator: install a supported "
+                          f"release: pip install 'transformers{supported_range('transformers')}'.")
 
 
 def is_ours(assistant) -> bool:
