@@ -98,6 +98,12 @@ class _AlignedCache:
                     t[rows, :, s:new_length] = t[rows, :, : new_length - s]  # the gather copies before writing
                 setattr(layer, name, t[:, :, :new_length])
 
+    def repeat(self, n: int) -> None:
+        """Each row becomes n consecutive rows (one encoded prompt serving n sequences)."""
+        for layer in self._tensors():
+            layer.keys = layer.keys.repeat_interleave(n, dim=0)
+            layer.values = layer.values.repeat_interleave(n, dim=0)
+
     def select(self, rows: torch.Tensor) -> None:
         for layer in self._tensors():
             layer.keys = layer.keys[rows]
@@ -467,15 +473,33 @@ class BatchedSpeculation:
         return emitted
 
     # ---- the loop ----------------------------------------------------------------------------------------
-    @torch.no_grad()
-    def run(self) -> torch.Tensor:
-        self.target_cache = _AlignedCache()
-        P = self.seq.shape[1]
-        if P > 1:  # prefill: everything but the last token (target) / the last two (drafter)
+    def _prefill(self, P: int) -> None:
+        """Encode the prompts: everything but the last token (target) / the last two (drafter). With
+        ``num_return_sequences`` = n, transformers has repeated each prompt n times: each prompt is encoded once
+        and the caches are repeated."""
+        n = int(getattr(self.config, "num_return_sequences", 1) or 1)
+        if n > 1 and self.B % n == 0 and bool((self.seq.view(-1, n, P) == self.seq[::n, None]).all()):
+            unique = torch.arange(0, self.B, n, device=self.device)
+        else:
+            n, unique = 1, None
+        seq, pad = self.seq, self.pad
+        if unique is not None:  # run the prefill on one copy of each prompt
+            self.seq, self.pad = seq[unique], pad[unique]
+        if P > 1:
             self._target_forward(self.seq[:, :-1])
         if self.speculation != "off" and P > 2:
             self.drafter.forward(self.seq[:, :-2], self._mask(P - 2), self._positions(0, P - 2))
             self.drafted_len = P - 2
+        if unique is not None:
+            self.seq, self.pad = seq, pad
+            self.target_cache.repeat(n)
+            self.drafter.cache.repeat(n)
+
+    @torch.no_grad()
+    def run(self) -> torch.Tensor:
+        self.target_cache = _AlignedCache()
+        P = self.seq.shape[1]
+        self._prefill(P)
         mode = "decode" if self.speculation == "off" else "speculate"
         self.stats.decision = {"on": "speculate (forced: batched_speculation='on')",
                                "off": "decode (forced: batched_speculation='off')", "auto": ""}[self.speculation]
