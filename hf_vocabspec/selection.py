@@ -36,7 +36,7 @@ import contextlib
 import hashlib
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -331,6 +331,39 @@ def select_vocabulary(
 
 
 # --- joint tuning of kept size k, draft length L and context tokens (issue #15) ------------------------------
+def simulated_accepted_length(accept: torch.Tensor, segments: Sequence[int], num_draft_tokens: int) -> float:
+    """tau of speculative rounds run along each segment: ``accept[t]`` is the probability that the draft for
+    position t is accepted given that the round reached it (0/1 under greedy). A round starting at s accepts j
+    drafts with probability prod_{i<j} a[s+i] x (1 - a[s+j]) (all L: prod of L), yields j + 1 tokens (the
+    target's own token at s+j included) and the next round starts at s+j+1. Near a segment's end a round drafts
+    only up to its last position but one (generation stops there: the last token is the target's), as
+    transformers does under ``max_new_tokens``. Returns expected tokens / expected rounds (a Markov chain over
+    start positions)."""
+    a = accept.double().tolist()
+    tokens = rounds = 0.0
+    start = 0
+    for n in segments:
+        seg = a[start:start + n]
+        start += n
+        reach = [0.0] * (n + 1)  # probability that a round starts at position s
+        reach[0] = 1.0
+        for s in range(n):
+            w = reach[s]
+            if w == 0.0:
+                continue
+            rounds += w
+            drafts = min(num_draft_tokens, n - s - 1)
+            survive = 1.0  # probability that drafts s .. s+j-1 were all accepted
+            for j in range(drafts + 1):
+                stop = survive if j == drafts else survive * (1.0 - seg[s + j])  # j accepted, then the round ends
+                tokens += w * stop * (j + 1)
+                if s + j + 1 < n:
+                    reach[s + j + 1] += w * stop
+                if j < drafts:
+                    survive *= seg[s + j]
+    return tokens / rounds if rounds else 1.0
+
+
 @dataclass
 class AcceptanceProfile:
     """Per-position expected acceptance of the ideal trimmed drafter at kept sizes ``ks`` (one workload, one mode).
@@ -348,6 +381,10 @@ class AcceptanceProfile:
     segments: list[int]
     mode: str = "greedy"
     agreement: float = 1.0
+    # True: tau is a simulation of speculative ROUNDS along each segment (a round starts where the previous one
+    # stopped, i.e. right after a rejection), what generation does; for per-position acceptances of the REAL
+    # trimmed drafter (evaluation.tune.drafter_acceptance_profile). False: the mean over every start position.
+    simulate_rounds: bool = False
 
     def __post_init__(self):
         if self.vanilla.ndim != 2 or self.vanilla.shape[1] != len(self.ks):
@@ -364,9 +401,11 @@ class AcceptanceProfile:
         if k not in self.ks:
             raise ValueError(f"k={k} was not scored; scored kept sizes: {self.ks}.")
         if context_tokens and self.context is None:
-            raise ValueError("Context tokens were not scored for this profile (the drafter's embeddings are not tied).")
+            raise ValueError("Context tokens were not scored for this profile (measure it with context_tokens=True).")
         col = self.ks.index(k)
         a = (self.context if context_tokens else self.vanilla)[:, col].double() * self.agreement
+        if self.simulate_rounds:
+            return simulated_accepted_length(a, self.segments, num_draft_tokens)
         total, start = 0.0, 0
         for n in self.segments:
             seg = a[start:start + n]
@@ -381,6 +420,7 @@ class AcceptanceProfile:
 
     def to_dict(self) -> dict:
         return {"ks": self.ks, "mode": self.mode, "agreement": self.agreement, "segments": self.segments,
+                "simulate_rounds": self.simulate_rounds,
                 "mean_vanilla": self.vanilla.mean(0).tolist(),
                 "mean_context": None if self.context is None else self.context.mean(0).tolist()}
 

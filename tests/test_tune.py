@@ -217,3 +217,51 @@ def test_validation_measures_the_tuned_setting_next_to_its_neighbours():
     assert {r["method"] for r in v["rows"]} == {"k=16 L=2", "k=16 L=3", "k=32 L=2", "k=32 L=3"}
     assert 0 < v["tuned_vs_best"] <= 1.0
     assert "(tuned)" in format_validation(v)
+
+
+# --- the real trimmed drafter's acceptance along the target's greedy continuation, rounds simulated ---------
+def test_simulated_rounds_count_tokens_per_round():
+    from hf_vocabspec.selection import simulated_accepted_length
+
+    ones = torch.ones(10, dtype=torch.float64)
+    # rounds of 4, 4, then 2: the last drafts only position 8 (position 9, the last, is the target's own token)
+    assert simulated_accepted_length(ones, [10], 3) == pytest.approx(10 / 3)
+    assert simulated_accepted_length(torch.zeros(7), [7], 5) == 1.0
+    a = 0.8
+    tau = simulated_accepted_length(torch.full((4000,), a), [4000], 4)
+    assert tau == pytest.approx((1 - a ** 5) / (1 - a), rel=2e-3)  # i.i.d. limit
+    # rounds restart right after a rejection: a hard token followed by easy ones is not averaged away
+    pattern = torch.tensor([1.0, 1.0, 0.0] * 20)
+    assert simulated_accepted_length(pattern, [60], 8) == pytest.approx(3.0)
+
+
+def test_drafter_profile_predicts_the_tau_greedy_generation_measures():
+    """Along the target's greedy continuation, greedy rounds of the real trimmed drafter are what the teacher-forced
+    per-position accepts say: predicted tau matches the measured one at every k, L and context setting."""
+    from hf_vocabspec.drafter import set_draft_length
+    from hf_vocabspec.evaluation.tune import drafter_acceptance_profile, target_continuations
+
+    target, base = make_pair("llama", seed=2, head_scale=8.0, noise=0.15)
+    counts, n_new, ks = tiny_counts(), 30, [24, 48]
+    conts = target_continuations(target, tiny_conversations(n=4), n_new)
+    assert all(c.ids.numel() - c.answer_start == n_new for c in conts)
+    profile = drafter_acceptance_profile(target, base, conts, counts, ks, mode="greedy", always_kept=[0, 1, 2])
+    assert profile.simulate_rounds and profile.agreement == 1.0 and profile.segments == [n_new] * 4
+    for k in ks:
+        drafter = hf_vocabspec.trim_drafter(base, counts.top_k(k))
+        for ctx in (False, True):
+            drafter.use_context_tokens = ctx
+            for L in (3, 8):
+                set_draft_length(drafter.generation_config, L)
+                accepted = rounds = 0
+                for c in conts:
+                    prompt = c.ids[: c.answer_start][None]
+                    out = target.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                                          max_new_tokens=n_new, assistant_model=drafter)
+                    assert torch.equal(out[0], c.ids)
+                    accepted += drafter.last_speculation_stats.accepted
+                    rounds += drafter.last_speculation_stats.rounds
+                measured = 1 + accepted / rounds
+                assert profile.expected_accepted_length(k, L, ctx) == pytest.approx(measured, rel=0.03), (k, ctx, L)
+    sampled = drafter_acceptance_profile(target, base, conts, counts, ks, mode="t1", context_tokens=False)
+    assert sampled.context is None and bool(((sampled.vanilla >= 0) & (sampled.vanilla <= 1)).all())

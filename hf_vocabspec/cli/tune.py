@@ -64,7 +64,7 @@ def _run(args, out, tqdm) -> dict:
         ks=args.ks, draft_lengths=args.draft_lengths, mode=args.mode, drafter_dtype=DTYPES[args.drafter_dtype],
         n_trials=args.n_trials, storage=args.storage, seed=args.seed, repeats=args.repeats,
         save_drafter=not args.no_save, validate_prompts=args.validate, validate_draft_lengths=args.validate_draft_lengths,
-        max_new_tokens=args.max_new_tokens, progress=lambda xs: tqdm(xs, leave=False),
+        max_new_tokens=args.max_new_tokens, acceptance=args.acceptance, progress=lambda xs: tqdm(xs, leave=False),
     )
 
 
@@ -91,7 +91,11 @@ def register(sub) -> None:
                    help="also measure the tuned setting next to its neighbours (3 k x --validate-draft-lengths, "
                         "interleaved, same context setting) on this many held-out prompts, and print its rank")
     t.add_argument("--validate-draft-lengths", type=positive_int, nargs="+", default=[3, 5, 8, 12])
-    t.add_argument("--max-new-tokens", type=positive_int, default=64, help="per prompt, with --validate")
+    t.add_argument("--max-new-tokens", type=positive_int, default=64,
+                   help="per prompt: the target's continuation scored (--acceptance drafter) and --validate's generation")
+    t.add_argument("--acceptance", choices=["drafter", "ideal"], default="drafter",
+                   help="drafter: the real trimmed drafter's acceptance along the target's greedy continuation, "
+                        "rounds simulated; ideal: ideal trimmed drafter x scalar agreement (older, optimistic)")
     t.add_argument("--output", default="tune")
     overwrite_arg(t)
     t.set_defaults(func=cmd_tune)

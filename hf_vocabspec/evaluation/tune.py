@@ -1,9 +1,12 @@
 """``hf-vocabspec tune``: measure what the throughput model needs, search (k, L, context tokens), save the choice.
 
 Measured here, on this machine (the model itself is hf_vocabspec.selection.ThroughputModel, core):
-- per-position expected acceptance of the ideal trimmed drafter on held-out conversations at every scored k,
-  with and without context tokens (the exact scorer of evaluation/acceptance.py, kept per position so runs
-  of easy tokens count), scaled by the real drafter's agreement with the target at the full vocabulary;
+- per-position acceptance of the REAL trimmed drafter at every scored k, with and without context tokens,
+  along the target's own greedy continuation of held-out prompts (one teacher-forced forward of each model;
+  greedy: proposal accepted or not, sampling: sum min(p, q)), tau for every L by simulating rounds
+  (``acceptance="drafter"``, the default of run_tune); or the older model: the ideal trimmed drafter on the
+  reference answers scaled by the drafter's scalar agreement (``acceptance="ideal"``, optimistic: it
+  predicted tau 8.6 at L=8 on pair G where generation measured 6.4);
 - the drafter's step latency per k (cost.measure_draft_latency);
 - the target's decode step and its verify forward over L+1 positions, with the verify head on
   (verify_head.measure_verify_latency), and the machine's load before and after.
@@ -110,6 +113,85 @@ def acceptance_profile(
                              mode=mode, agreement=agreement)
 
 
+@torch.no_grad()
+def target_continuations(target, conversations: Sequence[Conversation], max_new_tokens: int = 64,
+                         progress: Callable | None = None) -> list[Conversation]:
+    """Each conversation's prompt followed by the target's own GREEDY continuation (``max_new_tokens``): the
+    path speculative decoding walks, so per-position acceptances along it are what generation meets."""
+    out = []
+    for conv in progress(conversations) if progress else conversations:
+        prompt = conv.ids[: conv.answer_start][None].to(target.device)
+        seq = target.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                              max_new_tokens=max_new_tokens)[0].cpu()
+        if seq.numel() > conv.answer_start:
+            out.append(Conversation(seq, conv.answer_start))
+    return out
+
+
+@torch.no_grad()
+def drafter_acceptance_profile(
+    target,
+    drafter,
+    conversations: Sequence[Conversation],
+    counts: TokenCounts,
+    ks: Sequence[int],
+    *,
+    mode: str = "greedy",
+    context_tokens: bool = True,
+    always_kept: Sequence[int] = (),
+    progress: Callable | None = None,
+) -> AcceptanceProfile:
+    """Per-position acceptance of the REAL trimmed drafter at each k, from one teacher-forced forward of the
+    target and one of the untrimmed ``drafter`` per conversation (best along :func:`target_continuations`).
+
+    At position t the trimmed drafter drafts over D_t = the top-k kept ids (+ ``always_kept``), plus with context
+    tokens the pruned ids already in the sequence before t. Greedy: 1 if argmax of q over D_t is the target's
+    argmax; sampling: sum_j min(p_j, q_j) with q the drafter's softmax restricted to D_t (the exact acceptance
+    probability). The profile simulates rounds (``simulate_rounds``), so tau for every L, each k and context on
+    or off all come from the same two forwards, with no scalar agreement factor.
+    """
+    temp = _temperature(mode)
+    vocab = int(target.config.get_text_config().vocab_size)
+    ks = sorted({min(int(k), vocab) for k in ks})
+    ranked = counts.ranked_token_ids()
+    rank = torch.full((vocab,), vocab, dtype=torch.long)
+    rank[ranked] = torch.arange(ranked.numel())
+    rank[torch.as_tensor(list(always_kept), dtype=torch.long)] = -1  # kept at every k
+    cols_v, cols_c, segments = [], [], []
+    for conv in progress(conversations) if progress else conversations:
+        ids = conv.ids
+        n = ids.numel() - conv.answer_start
+        p_logits = target(input_ids=ids[None].to(target.device), logits_to_keep=n + 1).logits[0, :-1].float().cpu()
+        q_logits = drafter(input_ids=ids[None].to(drafter.device), logits_to_keep=n + 1).logits[0, :-1].float().cpu()
+        p_logits, q_logits = p_logits[:, :vocab], q_logits[:, :vocab]
+        rows = torch.arange(conv.answer_start - 1, ids.numel() - 1)
+        uniq, inverse = torch.unique(ids, return_inverse=True)
+        first = torch.full((uniq.numel(),), ids.numel(), dtype=torch.long).scatter_reduce(
+            0, inverse, torch.arange(ids.numel()), reduce="amin")
+        seen = first[None, :] <= rows[:, None]  # (positions, distinct ids): id already in the context at t
+        in_ctx = torch.zeros(n, vocab, dtype=torch.bool)
+        in_ctx[:, uniq] = seen
+        target_top = p_logits.argmax(-1)
+        p = None if temp is None else (p_logits / temp).softmax(-1)
+        per_k = {False: [], True: []}
+        for k in ks:
+            kept = (rank < k)[None, :]
+            for ctx in (False, True) if context_tokens else (False,):
+                draftable = kept | in_ctx if ctx else kept.expand(n, vocab)
+                masked = q_logits.masked_fill(~draftable, float("-inf"))
+                if temp is None:
+                    per_k[ctx].append((masked.argmax(-1) == target_top).double())
+                else:
+                    q = (masked / temp).softmax(-1)
+                    per_k[ctx].append(torch.minimum(p, q).sum(-1).double().clamp(max=1.0))
+        cols_v.append(torch.stack(per_k[False], 1))
+        if context_tokens:
+            cols_c.append(torch.stack(per_k[True], 1))
+        segments.append(n)
+    return AcceptanceProfile(ks, torch.cat(cols_v), torch.cat(cols_c) if context_tokens else None, segments,
+                             mode=mode, agreement=1.0, simulate_rounds=True)
+
+
 def load_check(threshold: float = 0.5) -> tuple[float, bool]:
     """(1-minute load average, whether it is above ``threshold`` x the cores): timings taken then are noisy."""
     load = os.getloadavg()[0]
@@ -129,16 +211,29 @@ def measure_throughput_model(
     always_kept: Sequence[int] = (),
     repeats: int = 7,
     context_length: int = 256,
+    acceptance: str = "ideal",
+    continuation_tokens: int = 64,
     progress: Callable | None = None,
 ) -> tuple[ThroughputModel, dict]:
     """Measure acceptance, draft latency per k and verify latency per L+1 (verify head on); returns the model
-    and a record of the measurements (load before/after included)."""
+    and a record of the measurements (load before/after included).
+
+    ``acceptance``: "drafter" = the real trimmed drafter's per-position acceptance along the target's greedy
+    continuation (``continuation_tokens`` per prompt) with simulated rounds (:func:`drafter_acceptance_profile`);
+    "ideal" = the ideal trimmed drafter on the reference answers, scaled by the drafter's scalar agreement."""
     from ..cost import measure_draft_latency
     from ..verify_head import measure_verify_latency
 
     load_before, busy_before = load_check()
-    profile = acceptance_profile(target, conversations, counts, ks, mode=mode, context_tokens=context_tokens,
-                                 always_kept=always_kept, drafter=drafter, progress=progress)
+    if acceptance == "drafter":
+        conversations = target_continuations(target, conversations, continuation_tokens)
+        profile = drafter_acceptance_profile(target, drafter, conversations, counts, ks, mode=mode,
+                                             context_tokens=context_tokens, always_kept=always_kept, progress=progress)
+    elif acceptance == "ideal":
+        profile = acceptance_profile(target, conversations, counts, ks, mode=mode, context_tokens=context_tokens,
+                                     always_kept=always_kept, drafter=drafter, progress=progress)
+    else:
+        raise ValueError(f"acceptance must be 'drafter' or 'ideal'; got {acceptance!r}.")
     curve = measure_draft_latency(drafter, profile.ks, context_length=context_length, repeats=repeats)
     widths = tuple(sorted({int(n) + 1 for n in draft_lengths}))
     verify = measure_verify_latency(target, widths, context_length=context_length, repeats=repeats)
@@ -148,7 +243,7 @@ def measure_throughput_model(
                       f"{os.cpu_count()} cores): latencies are noisy; re-run tune on a quiet machine.", stacklevel=2)
     verify_seconds = {n: verify.median_ms(n) / 1e3 for n in (1, *widths)}
     model = ThroughputModel(profile, curve, verify_seconds, draft_lengths=sorted({int(n) for n in draft_lengths}))
-    record = {"acceptance": profile.to_dict(), "draft_latency": curve.to_dict(),
+    record = {"acceptance": profile.to_dict(), "acceptance_model": acceptance, "draft_latency": curve.to_dict(),
               "verify_ms": {str(n): verify.median_ms(n) for n in (1, *widths)},
               "verify_decode_ratio": {str(n): verify.ratio(n) for n in widths},
               "verify_kernels": {str(n): k for n, k in verify.kernels.items()},
@@ -201,6 +296,7 @@ def run_tune(
     validate_prompts: int = 0,
     validate_draft_lengths: Sequence[int] = (3, 5, 8, 12),
     max_new_tokens: int = 64,
+    acceptance: str = "drafter",
     progress: Callable | None = None,
 ) -> dict:
     """Count, measure, search, save: writes tune.json, heatmap.png and (by default) the tuned drafter to
@@ -227,7 +323,8 @@ def run_tune(
     # context tokens are searched for every drafter (tied: pruned rows from the embedding; untied: the kept
     # context_head that trim_drafter stores by default)
     model, record = measure_throughput_model(target, drafter, convs, counts, ks, draft_lengths=draft_lengths,
-                                             mode=mode, always_kept=special, repeats=repeats, progress=progress)
+                                             mode=mode, always_kept=special, repeats=repeats, acceptance=acceptance,
+                                             continuation_tokens=max_new_tokens, progress=progress)
     result = tune(model, n_trials=n_trials, seed=seed, storage=storage)
     report = {"target": target_name, "drafter": drafter_name, "dataset": dataset, "count_examples": len(counted),
               "conversations": len(convs), "mode": mode, "date": time.strftime("%Y-%m-%d %H:%M"),
