@@ -187,8 +187,11 @@ def test_unreachable_coverage_refused_before_timing_and_leaves_no_folder(capsys,
     from hf_vocabspec.evaluation import offline
 
     monkeypatch.setattr(offline, "load_model", lambda *a, **k: pytest.fail("loaded the model before the check"))
-    rc, err = run_cli(capsys, "select", "--counts", str(counts_file), "--min-coverage", "0.99", "--max-k", "2",
-                      "--output", str(tmp_path / "sel"))
+    counts = TokenCounts.load(counts_file)
+    flat = TokenCounts(torch.ones_like(counts.counts), 1, 1, counts.tokenizer_name, counts.tokenizer_sha256)
+    flat.save(tmp_path / "flat.safetensors")  # every token once: the top 50 cover 50/49,152
+    rc, err = run_cli(capsys, "select", "--counts", str(tmp_path / "flat.safetensors"), "--min-coverage", "0.99",
+                      "--max-k", "50", "--output", str(tmp_path / "sel"))
     assert rc == 2 and "unreachable" in err and "best reachable coverage" in err
     assert not (tmp_path / "sel").exists()
 
