@@ -663,3 +663,16 @@ def test_python_api_file_writers_refuse_a_folder(tmp_path, counts_file, saved):
     with pytest.raises(IsADirectoryError, match="is a folder: pass a file name"):
         to_sglang_token_map(drafter, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_checkpoint_check_accepts_architectures_with_other_field_names(tmp_path):
+    """GPT-2 spells hidden_size/num_hidden_layers n_embd/n_layer: the config-vs-weights check must not refuse it."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    base = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=64, bos_token_id=1,
+                                      eos_token_id=2)).eval()
+    drafter = trim_drafter(base, torch.arange(3, 30))
+    drafter.save_pretrained(tmp_path / "gpt2")
+    loaded = TrimmedDrafter.from_pretrained(tmp_path / "gpt2", dtype=torch.float16)
+    assert torch.equal(loaded.d2t, drafter.d2t) and {p.dtype for p in loaded.parameters()} == {torch.float16}
