@@ -575,6 +575,11 @@ REFUSED = [
     ("select", ["--counts", "c", "--storage", "."]),
     ("select", ["--counts", "c", "--max-k", "10"]),
     ("trim", ["--max-k", "10"]),
+    ("bench", ["--target", "./no/such/model"]),
+    ("acceptance", ["--target", "offline:no-such-model"]),
+    ("tune", ["--drafter", "results.txt"]),
+    ("rdk-bench", ["--target", "./no/such/model"]),
+    ("distill", ["--target", "./no/such/model"]),
     ("trim", ["--k", "10", "--push-to-hub", "u/r", "--bench-results", "results.txt"]),
 ]
 
