@@ -112,16 +112,12 @@ def tensors_checksum(tensors: dict, meta: dict, *, skip: str = "sha256") -> str:
     import hashlib
     import json
 
+    import torch
+
     h = hashlib.sha256()
     for name in sorted(tensors):
         t = tensors[name].detach().to("cpu").contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.view(-1).view(torch_uint8()).numpy().tobytes() if t.numel() else b"")
+        h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     h.update(json.dumps({k: v for k, v in sorted(meta.items()) if k != skip}).encode())
     return h.hexdigest()
-
-
-def torch_uint8():
-    import torch
-
-    return torch.uint8

@@ -22,6 +22,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ._io import atomic_write
+from ._io import first_line as _first_line
 
 # Speaker names of chat formats -> the role they play (messages' "role", ShareGPT's "from"): the one table.
 CHAT_ROLES = {"user": "user", "human": "user", "system": "system", "assistant": "assistant", "gpt": "assistant",
@@ -400,11 +401,6 @@ def _counts_checksum(counts: torch.Tensor, meta: dict) -> str:
     h = hashlib.sha256(counts.to(torch.int64).contiguous().numpy().tobytes())
     h.update(json.dumps({k: v for k, v in sorted(meta.items()) if k != "counts_sha256"}).encode())
     return h.hexdigest()
-
-
-def _first_line(err: BaseException) -> str:
-    text = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
-    return text[:200]
 
 
 def _fingerprint(tokenizer) -> str:

@@ -508,12 +508,12 @@ def _check_local_checkpoint(path: str) -> None:
                       f"{MODEL_TYPE!r}): {fix}.")
     body = cfg.get("drafter_config")
     ints = {"vocab_size": cfg.get("vocab_size"), "draft_vocab_size": cfg.get("draft_vocab_size")}
-    if isinstance(body, dict):
-        ints |= {f"drafter_config.{k}": body.get(k) for k in ("hidden_size", "num_hidden_layers", "vocab_size")}
+    if isinstance(body, dict):  # names other architectures spell differently (GPT-2's n_embd) are not checked
+        ints |= {f"drafter_config.{k}": body[k] for k in ("hidden_size", "num_hidden_layers", "vocab_size") if k in body}
     wrong = [k for k, v in ints.items() if isinstance(v, bool) or not isinstance(v, int) or v < 1]
     if not isinstance(body, dict) or not isinstance(body.get("model_type"), str) or wrong:
         raise OSError(f"{bad} has a config.json with bad fields ({', '.join(wrong) or 'drafter_config'}): {fix}.")
-    if cfg["vocab_size"] > body["vocab_size"]:
+    if "vocab_size" in body and cfg["vocab_size"] > body["vocab_size"]:
         raise OSError(f"{bad}: config.json vocab_size {cfg['vocab_size']} exceeds the body's embedding "
                       f"({body['vocab_size']} rows): {fix}.")
     if cfg["draft_vocab_size"] > cfg["vocab_size"]:
@@ -525,7 +525,9 @@ def _check_local_checkpoint(path: str) -> None:
     shapes = _safetensors_shapes(path)
     if shapes is None:
         return  # no local safetensors (sharded elsewhere, or missing): transformers reports it
-    expected = {"d2t": [cfg["draft_vocab_size"]], "lm_head.weight": [cfg["draft_vocab_size"], body["hidden_size"]]}
+    expected = {"d2t": [cfg["draft_vocab_size"]]}
+    if "hidden_size" in body:
+        expected["lm_head.weight"] = [cfg["draft_vocab_size"], body["hidden_size"]]
     if rdk is not None:
         expected |= {"rdk_targets": [cfg["draft_vocab_size"], rdk["num_targets"]],
                      "rdk_weights": [cfg["draft_vocab_size"], rdk["num_targets"] + 1]}
@@ -537,11 +539,11 @@ def _check_local_checkpoint(path: str) -> None:
             raise OSError(f"{bad}: config.json and the weights disagree ({name} is {shapes[name]} in the weights, "
                           f"{shape} by config.json): {fix}.")
     layers = {k.split(".")[2] for k in shapes if k.startswith("model.layers.")}
-    if layers and len(layers) != body["num_hidden_layers"]:
+    if layers and "num_hidden_layers" in body and len(layers) != body["num_hidden_layers"]:
         raise OSError(f"{bad}: config.json says {body['num_hidden_layers']} layers, the weights hold {len(layers)}: "
                       f"{fix}.")
     embed = [v for k, v in shapes.items() if k.endswith("embed_tokens.weight")]
-    if embed and embed[0] != [body["vocab_size"], body["hidden_size"]]:
+    if embed and {"vocab_size", "hidden_size"} <= set(body) and embed[0] != [body["vocab_size"], body["hidden_size"]]:
         raise OSError(f"{bad}: config.json and the weights disagree (embedding {embed[0]} vs vocab_size "
                       f"{body['vocab_size']}, hidden_size {body['hidden_size']}): {fix}.")
 

@@ -187,8 +187,11 @@ def test_unreachable_coverage_refused_before_timing_and_leaves_no_folder(capsys,
     from hf_vocabspec.evaluation import offline
 
     monkeypatch.setattr(offline, "load_model", lambda *a, **k: pytest.fail("loaded the model before the check"))
-    rc, err = run_cli(capsys, "select", "--counts", str(counts_file), "--min-coverage", "0.99", "--max-k", "2",
-                      "--output", str(tmp_path / "sel"))
+    counts = TokenCounts.load(counts_file)
+    flat = TokenCounts(torch.ones_like(counts.counts), 1, 1, counts.tokenizer_name, counts.tokenizer_sha256)
+    flat.save(tmp_path / "flat.safetensors")  # every token once: the top 50 cover 50/49,152
+    rc, err = run_cli(capsys, "select", "--counts", str(tmp_path / "flat.safetensors"), "--min-coverage", "0.99",
+                      "--max-k", "50", "--output", str(tmp_path / "sel"))
     assert rc == 2 and "unreachable" in err and "best reachable coverage" in err
     assert not (tmp_path / "sel").exists()
 
@@ -571,6 +574,11 @@ REFUSED = [
     ("select", ["--counts", "c", "--storage", "."]),
     ("select", ["--counts", "c", "--max-k", "10"]),
     ("trim", ["--max-k", "10"]),
+    ("bench", ["--target", "./no/such/model"]),
+    ("acceptance", ["--target", "offline:no-such-model"]),
+    ("tune", ["--drafter", "results.txt"]),
+    ("rdk-bench", ["--target", "./no/such/model"]),
+    ("distill", ["--target", "./no/such/model"]),
     ("trim", ["--k", "10", "--push-to-hub", "u/r", "--bench-results", "results.txt"]),
 ]
 
@@ -659,3 +667,16 @@ def test_python_api_file_writers_refuse_a_folder(tmp_path, counts_file, saved):
     with pytest.raises(IsADirectoryError, match="is a folder: pass a file name"):
         to_sglang_token_map(drafter, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_checkpoint_check_accepts_architectures_with_other_field_names(tmp_path):
+    """GPT-2 spells hidden_size/num_hidden_layers n_embd/n_layer: the config-vs-weights check must not refuse it."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    base = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=64, bos_token_id=1,
+                                      eos_token_id=2)).eval()
+    drafter = trim_drafter(base, torch.arange(3, 30))
+    drafter.save_pretrained(tmp_path / "gpt2")
+    loaded = TrimmedDrafter.from_pretrained(tmp_path / "gpt2", dtype=torch.float16)
+    assert torch.equal(loaded.d2t, drafter.d2t) and {p.dtype for p in loaded.parameters()} == {torch.float16}

@@ -168,6 +168,24 @@ def check_dataset_name(name: str, option: str = "--dataset") -> None:
         raise UsageError(f"{option}: {err}") from None
 
 
+def check_model_name(name: str | None, option: str) -> None:
+    """A model that cannot exist (a mistyped path, an unknown offline name, a counts file) is refused first."""
+    from ..evaluation.offline import _MODELS, _check_local, _key, is_offline_name
+
+    if name is None:
+        return
+    if is_offline_name(name):
+        try:
+            _key(name, _MODELS, "model")
+        except ValueError as err:
+            raise UsageError(f"{option}: {err}") from None
+        return
+    try:
+        _check_local(name, "model")
+    except (FileNotFoundError, ValueError) as err:
+        raise UsageError(f"{option}: {err}") from None
+
+
 def check_ks_in_vocabulary(ks, tokenizer_name: str, option: str = "--ks") -> int:
     """Kept sizes must fit the tokenizer's vocabulary (the tokenizer is cheap to load; the models are not)."""
     from ..evaluation.offline import load_tokenizer

@@ -13,6 +13,7 @@ from ._common import (
     DTYPES,
     UsageError,
     check_dataset_name,
+    check_model_name,
     check_same_tokenizer,
     check_ks_in_vocabulary,
     coverage_fraction,
@@ -29,7 +30,9 @@ from ._common import (
 
 
 def check_drafter_tokenizer(args) -> None:
-    """--drafter must share the target's tokenizer: checked on the tokenizers, before any model is loaded."""
+    """--target/--drafter must exist and share a tokenizer: checked on the tokenizers, before any model is loaded."""
+    check_model_name(args.target, "--target")
+    check_model_name(getattr(args, "drafter", None), "--drafter")
     if getattr(args, "drafter", None):
         from ..evaluation.offline import load_tokenizer
 
@@ -216,6 +219,7 @@ def _cmd_batch_bench(args, out) -> int:
 def cmd_acceptance(args) -> int:
     out = prepare_output(args.output, "acceptance", overwrite=args.overwrite, parent_must_exist=False)
     check_dataset_name(args.dataset)
+    check_model_name(args.target, "--target")
     from tqdm.auto import tqdm
 
     from ..evaluation.acceptance import run_acceptance_report
@@ -239,6 +243,7 @@ def cmd_rdk_bench(args) -> int:
                          "which --no-generate skips (drop one of them).")
     out = prepare_output(args.output, "rdk-bench", overwrite=args.overwrite, parent_must_exist=False)
     check_dataset_name(args.dataset)
+    check_model_name(args.target, "--target")
     from tqdm.auto import tqdm
 
     from ..evaluation.rdk_benchmark import RDKBenchConfig, run_rdk_benchmark
@@ -269,6 +274,7 @@ def cmd_distill(args) -> int:
         raise UsageError(f"--output {args.output} is a file, not a folder: choose a folder name (it is created) or "
                          "move the file away.")
     check_dataset_name(args.dataset)
+    check_model_name(args.target, "--target")
     cfg = DistillConfig(
         target=args.target, num_layers=args.num_layers, dataset=args.dataset, output_dir=args.output,
         seq_len=args.seq_len, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
