@@ -123,7 +123,8 @@ def test_cli_trim_push_to_hub_then_fresh_process_generates_identically(local_hub
            "--dtype", "float32", "--output", str(root / "out"), "--push-to-hub", "user/cli-drafter",
            "--license", "mit", "--bench-results", str(root / "bench.json")]
     bench = {"runs": [{"workload": "offline:sharegpt", "in_domain": True, "mode": "greedy", "methods": {
-        f"trimmed k={n}": {"kept_vocab": n, "acceptance_rate": n / 100} for n in range(30, 45)}}]}
+        f"trimmed k={n}{' +context' * ctx}": {"kept_vocab": n, "context_tokens": ctx, "acceptance_rate": n / 100}
+        for n in range(30, 45) for ctx in (False, True)}}]}  # the drafter ships with context tokens when its head allows
     (root / "bench.json").write_text(json.dumps(bench))
     env = {**os.environ, **client_env(local_hub, root / "hf-cache-cli")}
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=600)
@@ -235,6 +236,7 @@ def test_card_metadata_inherited_and_measured(local_hub, tmp_path):  # noqa: F81
                            selection={"k": 41, "coverage": 0.9, "dataset": "offline:sharegpt"})
     drafter.config.base_drafter = "offline:gemma-3-270m"  # licences differ -> "other", both listed
     drafter.config.eval_results = [{"metric_type": "coverage", "metric_value": 0.9, "dataset_name": "cfg"}]
+    drafter.config.context_tokens = False  # (untied heads keep context tokens now) the card takes the plain rows
     rows = eval_results_from_benchmark(BENCH, 44)
     assert {(r["dataset_name"], r["metric_type"]) for r in rows} >= {
         ("offline:sharegpt (held-out, greedy)", "acceptance_rate"), ("offline:humaneval (t0.7)", "acceptance_rate"),
