@@ -210,8 +210,8 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
 
     def validate_context_head(self, missing_keys: Iterable[str] = ()) -> None:
         """Refuse kept pruned rows that config.json announces but the weights lack (``missing_keys`` from loading:
-        transformers fills a missing buffer with uninitialised memory), or that overlap the kept head
-        (torch-only check, so remote-code loading without hf_vocabspec keeps it)."""
+        transformers fills a missing buffer with uninitialised memory), of the wrong shape, or whose ids overlap
+        the kept head (torch-only check, so remote-code loading without hf_vocabspec keeps it)."""
         c = int(getattr(self.config, "context_head_size", 0) or 0)
         if not c:
             return
@@ -226,8 +226,8 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
             raise VocabularyMapError(f"`context_ids` must be strictly increasing target ids below {self.config.vocab_size}. {fix}")
         if bool((self.t2d[ids] >= 0).any()):
             raise VocabularyMapError(f"`context_ids` overlaps the kept vocabulary (`d2t`): weights from two drafters? {fix}")
-        if not bool(torch.isfinite(rows).all()):
-            raise VocabularyMapError(f"`context_head` is missing from the weights or holds non-finite values. {fix}")
+        # No scan of the rows themselves: loaded from safetensors in their saved dtype they stay memory-mapped, and
+        # only the rows context tokens read become resident (a full scan would page all of them in).
 
     # --- RDK kernel (out-of-vocabulary sampling, see rdk.py) --------------------------------------------
     def _register_rdk_buffers(self, num_targets: int) -> None:
