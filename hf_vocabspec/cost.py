@@ -16,7 +16,6 @@ Two cost models, both used by :func:`hf_vocabspec.selection.select_vocabulary`:
 
 from __future__ import annotations
 
-import inspect
 import statistics
 import time
 import warnings
@@ -25,7 +24,7 @@ from dataclasses import asdict, dataclass, fields
 
 import torch
 
-from .drafter import model_body
+from .drafter import cache_kwarg, model_body
 
 # Model types whose MLP is NOT gated (two matrices, up + down). Every other decoder is assumed gated
 # (gate, up, down: Llama, Mistral, Qwen2/3, Gemma 1-3, Phi-3, OLMo, SmolLM, Granite, ...), which is what
@@ -256,13 +255,6 @@ class LatencyCurve:
         fig.savefig(path, dpi=120)
 
 
-def _cache_kwarg(module: torch.nn.Module) -> str:
-    """The name the installed transformers gives the cache in ``module.forward``: 5.24 renamed
-    ``past_key_values`` to ``cache`` (the old name warns, removal announced for 5.40). A private stand-in
-    for ``hf_vocabspec.drafter.cache_kwarg`` (the seam's helper) until that lands."""
-    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
-
-
 @torch.no_grad()
 def measure_draft_latency(
     model, ks: Sequence[int], *, context_length: int = 128, repeats: int = 15, warmup: int = 2, seed: int = 0
@@ -293,7 +285,7 @@ def measure_draft_latency(
     ids = torch.randint(0, vocab, (1, context_length + 1), generator=gen).to(device)
     cache = DynamicCache(config=body.config)
     cache.activate_past_recording()  # sliding-window layers must be croppable back after each step
-    cache_kw = {_cache_kwarg(body): cache}
+    cache_kw = {cache_kwarg(body): cache}
     body(input_ids=ids[:, :context_length], use_cache=True, **cache_kw)
     step_ids = ids[:, context_length:]
     pos = torch.tensor([[context_length]], device=device)

@@ -47,7 +47,10 @@ from .vocabulary import DraftVocabulary, draft_space_processors, is_value_only
 
 SPECULATION_MODES = ("auto", "on", "off")
 # Rounds timed before the auto decision (the first round also pays the prefill, so it is not timed).
-PROBE_ROUNDS = 2
+PROBE_ROUNDS = 3
+# Plain decode steps timed for the decision (the fastest counts: the first calls of a new shape pay one-off costs,
+# e.g. the verify head's kernel trials, which would bias the decision either way).
+PROBE_PLAIN_STEPS = 2
 
 
 @dataclass
@@ -504,7 +507,7 @@ class BatchedSpeculation:
         self.stats.decision = {"on": "speculate (forced: batched_speculation='on')",
                                "off": "decode (forced: batched_speculation='off')", "auto": ""}[self.speculation]
         rounds = 0
-        plain_probe: tuple[float, int] | None = None  # (seconds, rows) of the probe's plain step
+        plain_probes: list[tuple[float, int]] = []  # (seconds, rows) of the probe's plain steps
         while self.rows.numel():
             t0 = time.perf_counter()
             rows = self.rows.numel()
@@ -518,13 +521,13 @@ class BatchedSpeculation:
                                                    steps, rows, emitted))
             else:
                 self._plain_step()
-                if plain_probe is None:
-                    plain_probe = (time.perf_counter() - t0, rows)
+                if not self.stats.decision:
+                    plain_probes.append((time.perf_counter() - t0, rows))
             if self.speculation == "auto" and not self.stats.decision and len(self.round_times) >= PROBE_ROUNDS:
-                if plain_probe is None:
-                    mode = "decode"  # probe one plain step (it produces tokens: nothing is wasted)
+                if len(plain_probes) < PROBE_PLAIN_STEPS:
+                    mode = "decode"  # probe plain steps (they produce tokens: nothing is wasted)
                     continue
-                mode = self._decide(*plain_probe)
+                mode = self._decide(*min(plain_probes))
         if not self.stats.decision:
             self.stats.decision = "speculate (finished before the measured decision)"
         return self._sequences()
@@ -534,8 +537,8 @@ class BatchedSpeculation:
         rounds = self.round_times
         rows = statistics.median(r.rows for r in rounds)
         model = RoundModel.from_measured(
-            draft_step_s=statistics.median(r.draft_s / r.draft_steps for r in rounds),
-            verify_step_s=statistics.median(r.seconds - r.draft_s for r in rounds),  # verify + bookkeeping
+            draft_step_s=min(r.draft_s / r.draft_steps for r in rounds),  # fastest: one-off costs excluded
+            verify_step_s=min(r.seconds - r.draft_s for r in rounds),  # verify + bookkeeping
             decode_step_s=plain_step_s, batch_size=plain_rows)
         tau = sum(r.emitted for r in rounds) / sum(r.rows for r in rounds)
         L = statistics.median(r.draft_steps for r in rounds)
