@@ -18,6 +18,7 @@ from tiny import EOS, VOCAB, make_pair
 from transformers import GenerationConfig, LogitsProcessorList
 
 import hf_vocabspec
+from hf_vocabspec.drafter import cache_kwarg
 from hf_vocabspec.ssd import SSDCandidateGenerator, SSDConfig, SSDSession, SSDStats, project_speedup
 from hf_vocabspec.ssd.saguaro import sample_drafts
 
@@ -68,7 +69,8 @@ def test_tree_matches_per_branch_decoding_and_crop_restores_the_cache(kind):
                 worst = max(worst, float((q - branch.law[s]).abs().max()))
         # the cache after the crop is the clean prefix: the next token's hidden state matches a clean forward
         nxt = torch.tensor([[3]])
-        out = drafter.model(nxt, position_ids=torch.tensor([[n_cache]]), past_key_values=gen.cache, use_cache=True)
+        out = drafter.model(nxt, position_ids=torch.tensor([[n_cache]]), use_cache=True,
+                            **{cache_kwarg(drafter.model): gen.cache})
         clean = drafter.model(torch.cat([prompt[0], drafts.tokens, nxt[0]])[None]).last_hidden_state[:, -1]
     assert worst < 1e-5, worst
     torch.testing.assert_close(out.last_hidden_state[:, -1], clean, atol=1e-5, rtol=1e-5)
