@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from hf_vocabspec import TrimmedDrafter, set_draft_length, trim_drafter
+from hf_vocabspec import TrimmedDrafter, trim_drafter
+from hf_vocabspec.drafter import set_draft_length
 from hf_vocabspec.coverage import count_assistant_tokens
 from hf_vocabspec.evaluation.benchmark import (
     _MODES,
