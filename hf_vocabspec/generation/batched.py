@@ -231,7 +231,6 @@ class BatchedSpeculation:
         self.drafter = _Drafter(assistant, bool(getattr(assistant, "use_context_tokens", False)))
         self.draft_processors = (draft_space_processors(self.processors, self.drafter.vocab)
                                  if self.drafter.vocab is not None else self.processors)
-        self.draft_value_only = all(is_value_only(p) for p in self.processors)
         # Loop state (active rows only). seq is right-aligned; pad[b] masked columns on the left.
         self.seq = input_ids.clone()
         self.pad = (P - mask.sum(dim=1)).long()
@@ -298,7 +297,7 @@ class BatchedSpeculation:
             n = to_feed.shape[1]
             logits = drafter.forward(to_feed, self._mask(start + n), self._positions(start, n))
             if self.draft_processors:
-                if self.draft_value_only:
+                if self.value_only:  # the draft-space list mirrors the target's, value-only ones unchanged
                     logits = _apply(self.draft_processors, context, logits, batched=True)
                 else:
                     logits = _apply(self.draft_processors, list(context), logits, batched=False)
