@@ -381,7 +381,8 @@ class RoundModel:
         return float(d)
 
     def verify_seconds(self, positions: int | float, batch_size: int = 1) -> float:
-        """The target's forward over ``positions`` new positions (L+1 in a round) at batch size."""
+        """The target's forward over ``positions`` new positions (L+1 in a round) at batch size; a count between
+        two measured ones is interpolated linearly, one outside them is refused (never extrapolated)."""
         v = self.verify
         if not isinstance(v, Mapping):
             if batch_size != 1:
@@ -391,6 +392,13 @@ class RoundModel:
         if (None, batch_size) in keyed:  # positions None: one median for every position count (from_measured)
             return keyed[(None, batch_size)]
         key = (int(round(positions)), batch_size)
+        if key[0] == positions and key not in keyed:  # between two measured counts: linear (verify grows smoothly)
+            below = [n for n, b in keyed if b == batch_size and n is not None and n < key[0]]
+            above = [n for n, b in keyed if b == batch_size and n is not None and n > key[0]]
+            if below and above:
+                lo, hi = max(below), min(above)
+                w = (key[0] - lo) / (hi - lo)
+                return (1 - w) * keyed[(lo, batch_size)] + w * keyed[(hi, batch_size)]
         if key not in keyed or key[0] != positions:
             raise ValueError(f"No verify cost measured for {positions} positions at batch size {batch_size} "
                              f"(measured (positions, batch): {sorted(keyed, key=str)}); measure it: "
@@ -410,8 +418,14 @@ class RoundModel:
             raise ValueError(f"The decode cost was given for batch size 1 only; pass decode={{{batch_size}: ...}}.")
         return float(d)
 
-    def round_seconds(self, num_draft_tokens: int | float, k: int | None = None, batch_size: int = 1) -> float:
-        """L draft steps plus one verify forward over L+1 positions."""
+    def round_seconds(self, num_draft_tokens: int | float | Mapping[int, float], k: int | None = None,
+                      batch_size: int = 1) -> float:
+        """L draft steps plus one verify forward over L+1 positions. ``num_draft_tokens`` may be a distribution
+        {drafts: probability} for rounds that stop early (a confidence threshold, the sequence's end): the
+        expected round time."""
+        if isinstance(num_draft_tokens, Mapping):
+            total = sum(num_draft_tokens.values())
+            return sum(p * self.round_seconds(d, k, batch_size) for d, p in num_draft_tokens.items()) / total
         return (num_draft_tokens * self.draft_seconds(k, batch_size)
                 + self.verify_seconds(num_draft_tokens + 1, batch_size))
 
@@ -435,7 +449,7 @@ class RoundModel:
             total += run
         return total
 
-    def tokens_per_second(self, num_draft_tokens: int | float, *, k: int | None = None, batch_size: int = 1,
+    def tokens_per_second(self, num_draft_tokens: int | float | Mapping[int, float], *, k: int | None = None, batch_size: int = 1,
                           acceptance: float | Sequence[float] | None = None, tau: float | None = None) -> float:
         """Tokens per second of speculative decoding, summed over the batch."""
         tau = self.tokens_per_round(num_draft_tokens, acceptance=acceptance, tau=tau)
@@ -445,7 +459,7 @@ class RoundModel:
         """Tokens per second of target-only decoding, summed over the batch."""
         return batch_size / self.decode_seconds(batch_size)
 
-    def speedup(self, num_draft_tokens: int | float, *, k: int | None = None, batch_size: int = 1,
+    def speedup(self, num_draft_tokens: int | float | Mapping[int, float], *, k: int | None = None, batch_size: int = 1,
                 acceptance: float | Sequence[float] | None = None, tau: float | None = None) -> float:
         """Speculative tokens/s over target-only tokens/s at the same batch size."""
         return (self.tokens_per_second(num_draft_tokens, k=k, batch_size=batch_size, acceptance=acceptance, tau=tau)

@@ -132,16 +132,21 @@ def check_draft_length(num_assistant_tokens: object) -> None:
                          "tokens per round.")
 
 
-def set_draft_length(generation_config: GenerationConfig, num_assistant_tokens: int) -> GenerationConfig:
-    """Draft exactly ``num_assistant_tokens`` tokens every round: constant schedule, no confidence stop.
+def set_draft_length(generation_config: GenerationConfig, num_assistant_tokens: int,
+                     confidence_threshold: float = DEFAULT_CONFIDENCE_THRESHOLD) -> GenerationConfig:
+    """Draft ``num_assistant_tokens`` tokens every round (constant schedule); with ``confidence_threshold`` > 0,
+    stop a round's drafting early after a draft the drafter gives less probability than that (transformers'
+    ``assistant_confidence_threshold``, greedy or sampled; 0: always the full L).
 
     The one place an assistant's drafting schedule is set (trimmed drafters and HF-assisted baselines alike),
     so methods compared side by side draft the same way.
     """
     check_draft_length(num_assistant_tokens)
+    if not 0.0 <= float(confidence_threshold) < 1.0:
+        raise ValueError(f"confidence_threshold must be in [0, 1) (0: no early stop); got {confidence_threshold!r}.")
     generation_config.num_assistant_tokens = num_assistant_tokens
     generation_config.num_assistant_tokens_schedule = "constant"
-    generation_config.assistant_confidence_threshold = DEFAULT_CONFIDENCE_THRESHOLD
+    generation_config.assistant_confidence_threshold = float(confidence_threshold)
     return generation_config
 
 

@@ -316,6 +316,8 @@ def build_model_card(drafter: TrimmedDrafter, repo_id: str = "<repo-id>", *, lic
         selection_coverage=float(selection["coverage"]) if selection.get("coverage") is not None else None,
         # the draft length and context-token setting the drafter ships with (`hf-vocabspec tune` picks them)
         num_assistant_tokens=int(getattr(drafter.generation_config, "num_assistant_tokens", 0) or 0) or None,
+        assistant_confidence_threshold=float(getattr(drafter.generation_config, "assistant_confidence_threshold", 0)
+                                             or 0) or None,
         context_tokens=bool(getattr(cfg, "context_tokens", False)),
     )
     return ModelCard.from_template(

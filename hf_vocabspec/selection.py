@@ -331,37 +331,89 @@ def select_vocabulary(
 
 
 # --- joint tuning of kept size k, draft length L and context tokens (issue #15) ------------------------------
-def simulated_accepted_length(accept: torch.Tensor, segments: Sequence[int], num_draft_tokens: int) -> float:
-    """tau of speculative rounds run along each segment: ``accept[t]`` is the probability that the draft for
-    position t is accepted given that the round reached it (0/1 under greedy). A round starting at s accepts j
-    drafts with probability prod_{i<j} a[s+i] x (1 - a[s+j]) (all L: prod of L), yields j + 1 tokens (the
-    target's own token at s+j included) and the next round starts at s+j+1. Near a segment's end a round drafts
-    only up to its last position but one (generation stops there: the last token is the target's), as
-    transformers does under ``max_new_tokens``. Returns expected tokens / expected rounds (a Markov chain over
-    start positions)."""
+@dataclass(frozen=True)
+class SimulatedRounds:
+    """What speculative rounds along scored segments yield: ``tau`` tokens per round and ``drafts``, the share of
+    rounds that drafted d tokens (all L without a confidence threshold, except near a segment's end)."""
+
+    tau: float
+    drafts: dict[int, float]
+
+    @property
+    def mean_drafts(self) -> float:
+        return sum(d * p for d, p in self.drafts.items())
+
+
+def simulate_rounds(accept: torch.Tensor, segments: Sequence[int], num_draft_tokens: int, *,
+                    confidence: torch.Tensor | None = None, threshold: float = 0.0) -> SimulatedRounds:
+    """Speculative rounds run along each segment: ``accept[t]`` is the probability that the draft for position
+    t is accepted given that the round reached it (0/1 under greedy). A round starting at s accepts j drafts
+    with probability prod_{i<j} a[s+i] x (1 - a[s+j]) (all L: prod of L), yields j + 1 tokens (the target's own
+    token at s+j included) and the next round starts at s+j+1. Near a segment's end a round drafts only up to
+    its last position but one (generation stops there: the last token is the target's), as transformers does
+    under ``max_new_tokens``. A Markov chain over start positions.
+
+    ``threshold`` > 0 (greedy; transformers' ``assistant_confidence_threshold``): drafting stops after a draft
+    whose drafter probability ``confidence[t]`` is below it. Along the target's path that is exact; after a
+    rejection the drafter goes on along its own path, where its confidence was not observed: it stops there
+    at the rate measured over all positions (this moves the draft count, never the tokens)."""
     a = accept.double().tolist()
+    stops, go_on = None, 1.0
+    if threshold > 0:
+        if confidence is None:
+            raise ValueError("A confidence threshold needs the drafter's per-position confidence (greedy profiles).")
+        conf = confidence.double()
+        stops = (conf < threshold).tolist()
+        go_on = float((conf >= threshold).double().mean()) if conf.numel() else 1.0
     tokens = rounds = 0.0
+    drafts: dict[int, float] = {}
+
+    def add(d: int, p: float) -> None:
+        drafts[d] = drafts.get(d, 0.0) + p
+
     start = 0
     for n in segments:
         seg = a[start:start + n]
+        stop = stops[start:start + n] if stops is not None else None
         start += n
-        reach = [0.0] * (n + 1)  # probability that a round starts at position s
+        reach = [0.0] * (n + 2)  # probability that a round starts at position s
         reach[0] = 1.0
         for s in range(n):
             w = reach[s]
             if w == 0.0:
                 continue
             rounds += w
-            drafts = min(num_draft_tokens, n - s - 1)
-            survive = 1.0  # probability that drafts s .. s+j-1 were all accepted
-            for j in range(drafts + 1):
-                stop = survive if j == drafts else survive * (1.0 - seg[s + j])  # j accepted, then the round ends
-                tokens += w * stop * (j + 1)
-                if s + j + 1 < n:
-                    reach[s + j + 1] += w * stop
-                if j < drafts:
-                    survive *= seg[s + j]
-    return tokens / rounds if rounds else 1.0
+            max_d = min(num_draft_tokens, n - s - 1)
+            survive = w  # probability that the round made draft j with drafts s .. s+j-1 all accepted
+            for j in range(max_d + 1):
+                if j == max_d:  # every draft accepted
+                    tokens += survive * (j + 1)
+                    add(j, survive)
+                    reach[s + j + 1] += survive
+                    break
+                acc = seg[s + j]
+                if stop is not None and stop[s + j]:  # the drafter stops after this draft: j + 1 drafts
+                    tokens += survive * (acc * (j + 2) + (1 - acc) * (j + 1))
+                    add(j + 1, survive)
+                    reach[s + j + 2] += survive * acc
+                    reach[s + j + 1] += survive * (1 - acc)
+                    break
+                rejected = survive * (1 - acc)
+                tokens += rejected * (j + 1)
+                reach[s + j + 1] += rejected
+                rest = max_d - j - 1  # drafts the drafter may still make past the rejected one
+                for m in range(rest):
+                    add(j + 1 + m, rejected * (go_on ** m) * (1 - go_on))
+                add(max_d, rejected * go_on ** rest)
+                survive *= acc
+    if not rounds:
+        return SimulatedRounds(1.0, {0: 1.0})
+    return SimulatedRounds(tokens / rounds, {d: p / rounds for d, p in sorted(drafts.items()) if p > 0})
+
+
+def simulated_accepted_length(accept: torch.Tensor, segments: Sequence[int], num_draft_tokens: int) -> float:
+    """tau of :func:`simulate_rounds` (no confidence threshold)."""
+    return simulate_rounds(accept, segments, num_draft_tokens).tau
 
 
 @dataclass
@@ -385,6 +437,10 @@ class AcceptanceProfile:
     # stopped, i.e. right after a rejection), what generation does; for per-position acceptances of the REAL
     # trimmed drafter (evaluation.tune.drafter_acceptance_profile). False: the mean over every start position.
     simulate_rounds: bool = False
+    # greedy, real drafter: its probability of its own draft at each position (the quantity transformers'
+    # assistant_confidence_threshold compares), same shape as vanilla / context; None: thresholds not searchable
+    vanilla_confidence: torch.Tensor | None = None
+    context_confidence: torch.Tensor | None = None
 
     def __post_init__(self):
         if self.vanilla.ndim != 2 or self.vanilla.shape[1] != len(self.ks):
@@ -393,19 +449,56 @@ class AcceptanceProfile:
             raise ValueError(f"segments sum to {sum(self.segments)} but there are {self.vanilla.shape[0]} positions.")
         if self.context is not None and self.context.shape != self.vanilla.shape:
             raise ValueError("context must have the shape of vanilla (or be None when context tokens do not apply).")
+        for name in ("vanilla_confidence", "context_confidence"):
+            conf = getattr(self, name)
+            if conf is not None and conf.shape != self.vanilla.shape:
+                raise ValueError(f"{name} must have the shape of vanilla; got {tuple(conf.shape)}.")
+        self._rounds: dict = {}
 
-    def expected_accepted_length(self, k: int, num_draft_tokens: int, context_tokens: bool = False) -> float:
-        """tau: 1 + mean over start positions t of sum_{j=1..L} prod_{i<j} a_{t+i} (windows stay inside one
-        conversation and are cut at its end). Unlike (1 - a^(L+1)) / (1 - a) with the MEAN a, this keeps
-        the runs of easy and hard tokens that real text has, which is what makes a longer L pay."""
+    @property
+    def has_confidence(self) -> bool:
+        """Whether confidence thresholds can be simulated (greedy round profiles of the real drafter)."""
+        return self.simulate_rounds and self.vanilla_confidence is not None
+
+    def rounds(self, k: int, num_draft_tokens: int, context_tokens: bool = False,
+               confidence_threshold: float = 0.0) -> SimulatedRounds:
+        """tau and the draft-count distribution of rounds at (k, L, context tokens, confidence threshold)."""
+        key = (k, num_draft_tokens, context_tokens, float(confidence_threshold))
+        if key not in self._rounds:
+            col = self._column(k, context_tokens)
+            if confidence_threshold > 0 and not self.has_confidence:
+                raise ValueError("This profile has no drafter confidence: measure it with "
+                                 "hf_vocabspec.evaluation.tune.drafter_acceptance_profile(mode='greedy').")
+            if not self.simulate_rounds:
+                tau = self.expected_accepted_length(k, num_draft_tokens, context_tokens)
+                self._rounds[key] = SimulatedRounds(tau, {num_draft_tokens: 1.0})
+            else:
+                conf = self.context_confidence if context_tokens else self.vanilla_confidence
+                self._rounds[key] = simulate_rounds(
+                    (self.context if context_tokens else self.vanilla)[:, col].double() * self.agreement,
+                    self.segments, num_draft_tokens, threshold=float(confidence_threshold),
+                    confidence=None if conf is None else conf[:, col])
+        return self._rounds[key]
+
+    def _column(self, k: int, context_tokens: bool) -> int:
         if k not in self.ks:
             raise ValueError(f"k={k} was not scored; scored kept sizes: {self.ks}.")
         if context_tokens and self.context is None:
             raise ValueError("Context tokens were not scored for this profile (measure it with context_tokens=True).")
-        col = self.ks.index(k)
-        a = (self.context if context_tokens else self.vanilla)[:, col].double() * self.agreement
+        return self.ks.index(k)
+
+    def expected_accepted_length(self, k: int, num_draft_tokens: int, context_tokens: bool = False,
+                                 confidence_threshold: float = 0.0) -> float:
+
+        """tau: 1 + mean over start positions t of sum_{j=1..L} prod_{i<j} a_{t+i} (windows stay inside one
+        conversation and are cut at its end). Unlike (1 - a^(L+1)) / (1 - a) with the MEAN a, this keeps
+        the runs of easy and hard tokens that real text has, which is what makes a longer L pay."""
+        col = self._column(k, context_tokens)
         if self.simulate_rounds:
-            return simulated_accepted_length(a, self.segments, num_draft_tokens)
+            return self.rounds(k, num_draft_tokens, context_tokens, confidence_threshold).tau
+        if confidence_threshold > 0:
+            raise ValueError("Confidence thresholds are simulated on round profiles of the real drafter only.")
+        a = (self.context if context_tokens else self.vanilla)[:, col].double() * self.agreement
         total, start = 0.0, 0
         for n in self.segments:
             seg = a[start:start + n]
@@ -422,24 +515,31 @@ class AcceptanceProfile:
         return {"ks": self.ks, "mode": self.mode, "agreement": self.agreement, "segments": self.segments,
                 "simulate_rounds": self.simulate_rounds,
                 "mean_vanilla": self.vanilla.mean(0).tolist(),
-                "mean_context": None if self.context is None else self.context.mean(0).tolist()}
+                "mean_context": None if self.context is None else self.context.mean(0).tolist(),
+                "mean_vanilla_confidence": None if self.vanilla_confidence is None
+                else self.vanilla_confidence.mean(0).tolist()}
 
 
 @dataclass
 class ThroughputModel:
-    """Predicted tokens/s of speculative decoding at (k, L, context tokens) from measured inputs only.
+    """Predicted tokens/s of speculative decoding at (k, L, context tokens, confidence threshold) from measured
+    inputs only.
 
-    tokens/s = tau(k, L, ctx) / (L * draft_step(k) + verify(L+1)) (:class:`~hf_vocabspec.cost.RoundModel`)
-    with tau from :class:`AcceptanceProfile`,
-    the draft step from a measured :class:`~hf_vocabspec.cost.LatencyCurve` and ``verify_seconds[n]`` the
-    target's measured forward over n new positions (n = L+1; ``verify_seconds[1]`` is its decode step, the
-    target-only baseline). Call it with an Optuna trial to use it as an objective in your own study.
+    tokens/s = tau / E[d * draft_step(k) + verify(d+1)] over the rounds' draft counts d
+    (:class:`~hf_vocabspec.cost.RoundModel`; d = L without a confidence threshold, except at a sequence's end)
+    with tau and the draft counts from :class:`AcceptanceProfile`, the draft step from a measured
+    :class:`~hf_vocabspec.cost.LatencyCurve` and ``verify_seconds[n]`` the target's measured forward over n new
+    positions (``verify_seconds[1]`` is its decode step, the target-only baseline; counts between measured ones
+    are interpolated). Confidence thresholds (transformers' ``assistant_confidence_threshold``: stop drafting
+    after an unsure draft) are searched where the profile has the drafter's confidence (greedy); 0 is none.
+    Call it with an Optuna trial to use it as an objective in your own study.
     """
 
     acceptance: AcceptanceProfile
     draft_latency: LatencyCurve
     verify_seconds: dict[int, float]
     draft_lengths: list[int] = field(default_factory=lambda: [2, 3, 4, 5, 6, 8, 10, 12])
+    confidence_thresholds: list[float] = field(default_factory=lambda: [0.0, 0.2, 0.3, 0.4, 0.5, 0.6])
 
     def __post_init__(self):
         self.verify_seconds = {int(n): float(s) for n, s in self.verify_seconds.items()}
@@ -447,56 +547,71 @@ class ThroughputModel:
         if 1 not in self.verify_seconds or missing:
             raise ValueError(f"verify_seconds needs the decode step (1) and every L+1 searched; missing {[1] * (1 not in self.verify_seconds) + missing}. "
                              "Measure them: hf_vocabspec.verify_head.measure_verify_latency(target, rows=...).")
+        bad = [t for t in self.confidence_thresholds if not 0.0 <= float(t) < 1.0]
+        if bad:
+            raise ValueError(f"confidence thresholds must be in [0, 1); got {bad}.")
+        self.confidence_thresholds = sorted({0.0, *map(float, self.confidence_thresholds)})
 
     @property
     def context_options(self) -> list[bool]:
         return [False, True] if self.acceptance.context is not None else [False]
 
     @property
+    def threshold_options(self) -> list[float]:
+        """The thresholds searched: all of them where the profile has the drafter's confidence, else only 0."""
+        return self.confidence_thresholds if self.acceptance.has_confidence else [0.0]
+
+    @property
     def rounds(self) -> RoundModel:
         """The round's costs: draft step from the latency curve, verify forward by position count."""
         return RoundModel(draft=self.draft_latency, verify=self.verify_seconds)
 
-    def tokens_per_second(self, k: int, num_draft_tokens: int, context_tokens: bool = False) -> float:
-        tau = self.acceptance.expected_accepted_length(k, num_draft_tokens, context_tokens)
-        return self.rounds.tokens_per_second(num_draft_tokens, k=k, tau=tau)
+    def tokens_per_second(self, k: int, num_draft_tokens: int, context_tokens: bool = False,
+                          confidence_threshold: float = 0.0) -> float:
+        r = self.acceptance.rounds(k, num_draft_tokens, context_tokens, confidence_threshold)
+        return self.rounds.tokens_per_second(r.drafts, k=k, tau=r.tau)
 
-    def speedup(self, k: int, num_draft_tokens: int, context_tokens: bool = False) -> float:
+    def speedup(self, k: int, num_draft_tokens: int, context_tokens: bool = False,
+                confidence_threshold: float = 0.0) -> float:
         """Predicted speedup over target-only decoding (its decode step is ``verify_seconds[1]``)."""
-        tau = self.acceptance.expected_accepted_length(k, num_draft_tokens, context_tokens)
-        return self.rounds.speedup(num_draft_tokens, k=k, tau=tau)
+        r = self.acceptance.rounds(k, num_draft_tokens, context_tokens, confidence_threshold)
+        return self.rounds.speedup(r.drafts, k=k, tau=r.tau)
 
     def __call__(self, trial) -> float:
         k = trial.suggest_categorical("k", self.acceptance.ks)
         n = trial.suggest_categorical("num_draft_tokens", self.draft_lengths)
         ctx = trial.suggest_categorical("context_tokens", self.context_options)
-        tau = self.acceptance.expected_accepted_length(k, n, ctx)
-        trial.set_user_attr("tau", tau)
-        return self.tokens_per_second(k, n, ctx)
+        t = trial.suggest_categorical("confidence_threshold", self.threshold_options)
+        trial.set_user_attr("tau", self.acceptance.expected_accepted_length(k, n, ctx, t))
+        return self.tokens_per_second(k, n, ctx, t)
 
-    def grid(self) -> list[tuple[int, int, bool]]:
-        return [(k, n, c) for k in self.acceptance.ks for n in self.draft_lengths for c in self.context_options]
+    def grid(self) -> list[tuple[int, int, bool, float]]:
+        return [(k, n, c, t) for k in self.acceptance.ks for n in self.draft_lengths for c in self.context_options
+                for t in self.threshold_options]
 
 
 @dataclass
 class TuneResult:
-    """The chosen (k, L, context tokens), its predicted tokens/s and speedup, and every trial."""
+    """The chosen (k, L, context tokens, confidence threshold), its predicted tokens/s and speedup, every trial."""
 
     k: int
     num_draft_tokens: int
     context_tokens: bool
     tokens_per_second: float
     speedup: float
-    trials: list[tuple[int, int, bool, float]] = field(repr=False)  # k, L, context, predicted tokens/s
+    # k, L, context, confidence threshold, predicted tokens/s
+    trials: list[tuple[int, int, bool, float, float]] = field(repr=False)
     settings: dict = field(default_factory=dict, repr=False)
     study_name: str = ""
+    confidence_threshold: float = 0.0
 
     def to_dict(self) -> dict:
         return {"k": self.k, "num_draft_tokens": self.num_draft_tokens, "context_tokens": self.context_tokens,
+                "confidence_threshold": self.confidence_threshold,
                 "predicted_tokens_per_s": self.tokens_per_second, "predicted_speedup": self.speedup,
                 "study_name": self.study_name, "settings": self.settings,
-                "trials": [{"k": k, "num_draft_tokens": n, "context_tokens": c, "tokens_per_s": v}
-                           for k, n, c, v in self.trials]}
+                "trials": [{"k": k, "num_draft_tokens": n, "context_tokens": c, "confidence_threshold": t,
+                            "tokens_per_s": v} for k, n, c, t, v in self.trials]}
 
     def plot_heatmap(self, path, model: ThroughputModel | None = None) -> None:
         """PNG: predicted tokens/s over (k, L), one panel per context-token setting, the choice starred.
@@ -510,9 +625,12 @@ class TuneResult:
         ks = sorted({t[0] for t in self.trials} | (set(model.acceptance.ks) if model else set()))
         ls = sorted({t[1] for t in self.trials} | (set(model.draft_lengths) if model else set()))
         ctxs = sorted({t[2] for t in self.trials} | (set(model.context_options) if model else set()))
-        values = {(k, n, c): v for k, n, c, v in self.trials}
+        values: dict = {}
+        cells = list(self.trials)
         if model is not None:
-            values.update({cell: model.tokens_per_second(*cell) for cell in model.grid()})
+            cells += [(*cell, model.tokens_per_second(*cell)) for cell in model.grid()]
+        for k, n, c, _t, v in cells:  # the best confidence threshold of each cell
+            values[(k, n, c)] = max(v, values.get((k, n, c), v))
         vmax = max(values.values())
         vmin = min(values.values())
         fig = Figure(figsize=(4.8 * len(ctxs), 4.2), layout="constrained")
@@ -529,20 +647,21 @@ class TuneResult:
                         ax.text(j, i, f"{float(grid[i, j]):.3g}", ha="center", va="center", fontsize=6, color="w")
             if c == self.context_tokens:
                 ax.scatter([ks.index(self.k)], [ls.index(self.num_draft_tokens)], marker="*", s=220,
-                           color="red", label=f"chosen k={self.k:,}, L={self.num_draft_tokens}")
+                           color="red", label=f"chosen k={self.k:,}, L={self.num_draft_tokens}"
+                           + (f", stop below {self.confidence_threshold:g}" if self.confidence_threshold else ""))
                 ax.legend(fontsize=7, loc="upper right")
             ax.set_xticks(range(len(ks)), [f"{k:,}" for k in ks], rotation=45, fontsize=7)
             ax.set_yticks(range(len(ls)), [str(n) for n in ls], fontsize=7)
             ax.set_xlabel("kept vocabulary size k")
             ax.set_ylabel("draft length L")
-            ax.set_title(f"predicted tokens/s, context tokens {'on' if c else 'off'}", fontsize=9)
+            ax.set_title(f"predicted tokens/s (best threshold), context tokens {'on' if c else 'off'}", fontsize=9)
         fig.colorbar(im, ax=list(axes), shrink=0.8)
         fig.savefig(path, dpi=120)
 
 
 def tune(model: ThroughputModel, *, n_trials: int | None = None, seed: int = 42, storage=None,
          study_name: str | None = None) -> TuneResult:
-    """Search (k, L, context tokens) for the most predicted tokens/s with Optuna.
+    """Search (k, L, context tokens, confidence threshold) for the most predicted tokens/s with Optuna.
 
     The space is discrete; when ``n_trials`` is None or covers it, every cell is evaluated (grid sampler) and
     the choice is the exact argmax of the model; otherwise seeded TPE. ``storage`` (journal file path or RDB
@@ -561,6 +680,7 @@ def tune(model: ThroughputModel, *, n_trials: int | None = None, seed: int = 42,
     n_trials = min(n_trials, total)
     settings = {
         "ks": model.acceptance.ks, "draft_lengths": model.draft_lengths, "context": model.context_options,
+        "confidence_thresholds": model.threshold_options,
         "mode": model.acceptance.mode, "agreement": model.acceptance.agreement, "seed": seed,
         "sampler": "grid" if use_grid else "tpe",
         "inputs": hashlib.sha256(json.dumps([model.acceptance.vanilla.sum().item(), model.acceptance.segments,
@@ -573,7 +693,7 @@ def tune(model: ThroughputModel, *, n_trials: int | None = None, seed: int = 42,
     if use_grid:
         sampler = optuna.samplers.GridSampler(
             {"k": model.acceptance.ks, "num_draft_tokens": model.draft_lengths,
-             "context_tokens": model.context_options}, seed=seed)
+             "context_tokens": model.context_options, "confidence_threshold": model.threshold_options}, seed=seed)
     else:
         sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, n_trials))
     complete = (optuna.trial.TrialState.COMPLETE,)
@@ -593,12 +713,15 @@ def tune(model: ThroughputModel, *, n_trials: int | None = None, seed: int = 42,
                            callbacks=[optuna.study.MaxTrialsCallback(n_trials, states=complete)])
     finished = sorted(study.get_trials(deepcopy=False, states=complete), key=lambda t: t.number)
     cells = set(model.grid())
-    _check_stored_params(storage, finished, lambda p: (p.get("k"), p.get("num_draft_tokens"), p.get("context_tokens"))
-                         in cells)
+    def cell(p: dict) -> tuple:
+        return (p.get("k"), p.get("num_draft_tokens"), p.get("context_tokens"), p.get("confidence_threshold", 0.0))
+
+    _check_stored_params(storage, finished, lambda p: cell(p) in cells)
     # values recomputed from the model (a stored value is a record, not an input: an edited one changes nothing)
-    trials = [(int(t.params["k"]), int(t.params["num_draft_tokens"]), bool(t.params["context_tokens"]),
-               float(model.tokens_per_second(int(t.params["k"]), int(t.params["num_draft_tokens"]),
-                                             bool(t.params["context_tokens"])))) for t in finished]
-    # ties: the smaller head, then the shorter draft, then no context tokens (the cheaper setting)
-    k, n, c, v = max(trials, key=lambda t: (t[3], -t[0], -t[1], not t[2]))
-    return TuneResult(k, n, c, v, model.speedup(k, n, c), trials, settings, name)
+    trials = []
+    for t in finished:
+        k, n, c, th = cell(t.params)
+        trials.append((int(k), int(n), bool(c), float(th), float(model.tokens_per_second(k, n, c, th))))
+    # ties: the smaller head, the shorter draft, no context tokens, no threshold (the plainer setting)
+    k, n, c, th, v = max(trials, key=lambda t: (t[4], -t[0], -t[1], not t[2], -t[3]))
+    return TuneResult(k, n, c, v, model.speedup(k, n, c, th), trials, settings, name, confidence_threshold=th)

@@ -174,3 +174,13 @@ def test_round_model_batches_and_decides_whether_speculating_pays():
     measured = RoundModel.from_measured(0.002, 0.021, 0.018, batch_size=2)
     assert measured.round_seconds(3, batch_size=2) == pytest.approx(3 * 0.002 + 0.021)
     assert measured.fallback_reason(3, batch_size=2, acceptance=0.0) is not None  # tau 1: never pays
+
+
+def test_round_model_interpolates_verify_and_prices_a_draft_count_distribution():
+    rounds = RoundModel(draft=0.01, verify={1: 0.10, 3: 0.12, 5: 0.20})
+    assert rounds.verify_seconds(2) == pytest.approx(0.11) and rounds.verify_seconds(4) == pytest.approx(0.16)
+    with pytest.raises(ValueError, match="No verify cost measured for 6"):
+        rounds.verify_seconds(6)  # beyond the measured counts: never extrapolated
+    mixed = rounds.round_seconds({2: 0.5, 4: 0.5})
+    assert mixed == pytest.approx(0.5 * (0.02 + 0.12) + 0.5 * (0.04 + 0.20))
+    assert rounds.tokens_per_second({2: 0.5, 4: 0.5}, tau=2.5) == pytest.approx(2.5 / mixed)

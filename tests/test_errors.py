@@ -569,7 +569,7 @@ REFUSED = [
     ("tune", ["--conversations", "0"]),
     ("tune", ["--target", SMOL, "--ks", "100000"]),
     ("tune", ["--ks", "100", "--coverages", "0.9"]),
-    ("tune", ["--max-new-tokens", "10"]),
+    ("tune", ["--validate-on", "scored"]),
     ("tune", ["--storage", "results.txt/study.journal"]),
     ("select", ["--counts", "c", "--storage", "."]),
     ("select", ["--counts", "c", "--max-k", "10"]),

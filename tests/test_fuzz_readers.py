@@ -386,10 +386,10 @@ def test_tune_study_reader(journals, tmp_path, mutation):
     model = journals["model"]
 
     def valid(result):
-        assert (result.k, result.num_draft_tokens, result.context_tokens) in set(model.grid())
-        assert result.tokens_per_second == model.tokens_per_second(result.k, result.num_draft_tokens,
-                                                                   result.context_tokens)
-        assert all(v == model.tokens_per_second(k, n, c) for k, n, c, v in result.trials)
+        cell = (result.k, result.num_draft_tokens, result.context_tokens, result.confidence_threshold)
+        assert cell in set(model.grid())
+        assert result.tokens_per_second == model.tokens_per_second(*cell)
+        assert all(v == model.tokens_per_second(k, n, c, t) for k, n, c, t, v in result.trials)
 
     data = apply_text((journals["root"] / "tune.journal").read_bytes(), mutation,
                       (journals["root"] / "select.journal").read_bytes())

@@ -80,3 +80,30 @@ def test_greedy_identical_to_target_on_many_prompts(kind):
         assert torch.equal(ref, out), (prompt, ref, out)
         accepted += drafter.last_speculation_stats.accepted
     assert accepted > 0  # drafts were really proposed and used
+
+
+
+def test_sampling_with_a_confidence_stop_is_lossless(llama_pair):
+    """transformers' assistant_confidence_threshold under sampling: a round stops after a draft the drafter gave
+    less than the threshold. The stop depends on the drafter's own draws only, so the marginals stay the
+    target's. The threshold is the median of q(x), x ~ q, at the first draft: about half the rounds stop early."""
+    target, drafter, probe = llama_pair
+    gc = drafter.generation_config
+    saved = gc.assistant_confidence_threshold, drafter.use_context_tokens
+    drafter.use_context_tokens = False  # the draft space is then exactly the forward's kept rows
+    try:
+        with torch.no_grad():
+            q = drafter(input_ids=PROMPT).logits[0, -1].float().softmax(-1)
+        values = q.sort().values
+        gc.assistant_confidence_threshold = float(values[int((values.cumsum(0) < 0.5).sum())])  # P(q(x) < t) ~ 1/2
+        check_lossless(target, drafter, {}, pruned_probe=probe)
+        # across calls the stop fired sometimes and not always: first rounds drafted 1 token or 2
+        torch.manual_seed(0)
+        first_round = []
+        for _ in range(30):
+            target.generate(PROMPT, attention_mask=torch.ones_like(PROMPT), do_sample=True, top_k=0, max_new_tokens=3,
+                            min_new_tokens=3, num_assistant_tokens=2, assistant_model=drafter)
+            first_round.append(drafter.last_speculation_stats.per_round_proposed[0])
+    finally:
+        gc.assistant_confidence_threshold, drafter.use_context_tokens = saved
+    assert set(first_round) == {1, 2}, first_round

@@ -87,7 +87,7 @@ def test_grid_search_finds_the_exact_argmax_and_plots(tmp_path):
     model = toy_model()
     result = tune(model)
     best = max(model.grid(), key=lambda cell: model.tokens_per_second(*cell))
-    assert (result.k, result.num_draft_tokens, result.context_tokens) == best
+    assert (result.k, result.num_draft_tokens, result.context_tokens, result.confidence_threshold) == best
     assert len(result.trials) == len(model.grid())
     assert result.speedup == pytest.approx(model.speedup(*best))
     result.plot_heatmap(tmp_path / "heat.png", model)
@@ -168,14 +168,16 @@ def test_measured_model_tunes_and_the_choice_ships_with_the_drafter(tmp_path):
     assert model.verify_seconds == {int(n): ms / 1e3 for n, ms in record["verify_ms"].items()}
     assert model.draft_latency.ks == [16, 40] == model.acceptance.ks
     result = tune(model)
-    best = max(model.grid(), key=lambda cell: (model.tokens_per_second(*cell), -cell[0], -cell[1], not cell[2]))
-    assert (result.k, result.num_draft_tokens, result.context_tokens) == best  # the exact argmax, not just "in range"
+    best = max(model.grid(), key=lambda cell: (model.tokens_per_second(*cell), -cell[0], -cell[1], not cell[2], -cell[3]))
+    assert (result.k, result.num_draft_tokens, result.context_tokens, result.confidence_threshold) == best  # the exact argmax
     assert result.tokens_per_second == pytest.approx(model.tokens_per_second(*best))
-    # ship a fixed choice (context tokens on, L=3) and check target.generate picks it up with no arguments
-    choice = TuneResult(16, 3, True, 1.0, 1.0, [(16, 3, True, 1.0)])
+    # ship a fixed choice (context tokens on, L=3, no confidence stop) and check target.generate picks it up
+    # with no arguments
+    choice = TuneResult(16, 3, True, 1.0, 1.0, [(16, 3, True, 0.0, 1.0)])
     save_tuned_drafter(base, counts, choice, tmp_path / "drafter")
     loaded = hf_vocabspec.TrimmedDrafter.from_pretrained(tmp_path / "drafter").eval()
     assert loaded.generation_config.num_assistant_tokens == 3
+    assert loaded.generation_config.assistant_confidence_threshold == 0.0
     assert loaded.config.context_tokens is True and loaded.use_context_tokens
     assert loaded.config.selection["num_draft_tokens"] == 3 and loaded.config.selection["context_tokens"] is True
     prompt = torch.tensor([[1, 6, 9, 14, 6, 9]])
@@ -191,10 +193,13 @@ def test_card_reports_the_tuned_setting(tmp_path):
     from hf_vocabspec.hub import build_model_card
 
     _, base = make_pair("gemma3", seed=2)
-    drafter = save_tuned_drafter(base, tiny_counts(), TuneResult(16, 7, True, 1.0, 2.5, []), tmp_path / "d")
+    drafter = save_tuned_drafter(base, tiny_counts(), TuneResult(16, 7, True, 1.0, 2.5, [], confidence_threshold=0.3),
+                                 tmp_path / "d")
     card = build_model_card(drafter)
     header = card.data.to_dict()
     assert header["num_assistant_tokens"] == 7 and header["context_tokens"] is True
+    assert header["assistant_confidence_threshold"] == 0.3
+    assert drafter.config.selection["confidence_threshold"] == 0.3
     assert "num_draft_tokens" in card.text and "predicted_speedup" in card.text  # the selection table
 
 
@@ -265,3 +270,150 @@ def test_drafter_profile_predicts_the_tau_greedy_generation_measures():
                 assert profile.expected_accepted_length(k, L, ctx) == pytest.approx(measured, rel=0.03), (k, ctx, L)
     sampled = drafter_acceptance_profile(target, base, conts, counts, ks, mode="t1", context_tokens=False)
     assert sampled.context is None and bool(((sampled.vanilla >= 0) & (sampled.vanilla <= 1)).all())
+
+
+# --- confidence-threshold stops (transformers' assistant_confidence_threshold), simulated from the same forwards --
+def test_simulated_rounds_with_a_confidence_threshold():
+    from hf_vocabspec.selection import simulate_rounds
+
+    ones = torch.ones(12, dtype=torch.float64)
+    sure, unsure = torch.full((12,), 0.9), torch.full((12,), 0.1)
+    plain = simulate_rounds(ones, [12], 4)
+    assert simulate_rounds(ones, [12], 4, confidence=sure, threshold=0.5) == plain  # never stops early
+    # every draft unsure: one draft per round, accepted, 2 tokens a round (rounds start at 0, 2, .., 10)
+    stopped = simulate_rounds(ones, [12], 4, confidence=unsure, threshold=0.5)
+    assert stopped.drafts == {1: pytest.approx(1.0)} and stopped.tau == pytest.approx(2.0)
+    # a rejection at the first draft of each round, sure drafts: the drafter drafts on along its own path (all L)
+    reject = torch.zeros(100, dtype=torch.float64)
+    r = simulate_rounds(reject, [100], 4, confidence=torch.full((100,), 0.9), threshold=0.5)
+    assert r.tau == pytest.approx(1.0) and r.mean_drafts == pytest.approx((96 * 4 + 3 + 2 + 1) / 100)  # short at the end
+    # ... past the rejection it stops at the rate measured over all positions (here half of them are unsure)
+    conf = torch.tensor([0.9, 0.1] * 50)
+    r = simulate_rounds(torch.zeros(100, dtype=torch.float64), [100], 4, confidence=conf, threshold=0.5)
+    # rounds start at every position; from a sure one: 1 + (go on w.p. 1/2 each) drafts; from an unsure one: 1
+    from_sure = 1 + 0.5 + 0.25 + 0.125
+    assert r.tau == pytest.approx(1.0) and r.mean_drafts == pytest.approx((from_sure + 1) / 2, abs=0.05)
+    with pytest.raises(ValueError, match="confidence"):
+        simulate_rounds(ones, [12], 4, threshold=0.5)
+
+
+def test_throughput_model_prices_the_draft_count_distribution():
+    from hf_vocabspec.selection import SimulatedRounds
+
+    profile = random_profile()
+    profile.simulate_rounds = True
+    profile.vanilla_confidence = profile.vanilla.clone()
+    profile.context_confidence = profile.context.clone()
+    model = toy_model(profile)
+    assert model.threshold_options == [0.0, 0.2, 0.3, 0.4, 0.5, 0.6]
+    assert len(model.grid()) == 3 * 5 * 2 * 6
+    sim = profile.rounds(20, 6, True, 0.4)
+    assert isinstance(sim, SimulatedRounds) and sim.mean_drafts < 6
+    # expected round time over the draft counts; verify at unmeasured counts interpolated between measured ones
+    verify = {1: 0.020, 2: 0.021, **{n + 1: 0.020 + 0.002 * n for n in (2, 3, 4, 6, 8)}}
+    seconds = sum(p * (d * 0.006 + verify.get(d + 1, 0.020 + 0.002 * d)) for d, p in sim.drafts.items())
+    assert model.tokens_per_second(20, 6, True, 0.4) == pytest.approx(sim.tau / seconds, rel=0.02)
+    no_conf = toy_model(random_profile())
+    assert no_conf.threshold_options == [0.0]
+    with pytest.raises(ValueError, match="no drafter confidence"):
+        no_conf.acceptance.rounds(20, 3, True, 0.4)
+    with pytest.raises(ValueError, match="in \\[0, 1\\)"):
+        ThroughputModel(profile, model.draft_latency, model.verify_seconds, draft_lengths=[2],
+                        confidence_thresholds=[1.5])
+
+
+def test_drafter_profile_predicts_confidence_stopped_rounds():
+    """With a confidence threshold, greedy generation's tau is exactly the simulated one (the stops along the
+    target's path are observed) and its draft count close to it (past a rejection the stop rate is modelled)."""
+    from hf_vocabspec.drafter import set_draft_length
+    from hf_vocabspec.evaluation.tune import drafter_acceptance_profile, target_continuations
+
+    target, base = make_pair("llama", seed=2, head_scale=8.0, noise=0.15)
+    counts, n_new, k = tiny_counts(), 30, 48
+    conts = target_continuations(target, tiny_conversations(n=4), n_new)
+    profile = drafter_acceptance_profile(target, base, conts, counts, [k], mode="greedy", always_kept=[0, 1, 2])
+    assert profile.has_confidence and float(profile.vanilla_confidence.min()) > 0
+    drafter = hf_vocabspec.trim_drafter(base, counts.top_k(k))
+    # thresholds inside the tiny drafter's confidence range (its distributions are flat), so rounds stop early
+    # sometimes, not always
+    conf = profile.vanilla_confidence.flatten()
+    thresholds = [float(conf.quantile(0.2)), float(conf.quantile(0.5))]
+    for ctx in (False, True):
+        drafter.use_context_tokens = ctx
+        for L, t in ((8, thresholds[0]), (8, thresholds[1]), (5, thresholds[0])):
+            set_draft_length(drafter.generation_config, L, t)
+            accepted = rounds = proposed = 0
+            for c in conts:
+                prompt = c.ids[: c.answer_start][None]
+                out = target.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                                      max_new_tokens=n_new, assistant_model=drafter)
+                assert torch.equal(out[0], c.ids)
+                st = drafter.last_speculation_stats
+                accepted, rounds, proposed = accepted + st.accepted, rounds + st.rounds, proposed + st.proposed
+            sim = profile.rounds(k, L, ctx, t)
+            assert sim.tau == pytest.approx(1 + accepted / rounds, rel=0.03), (ctx, L, t)
+            assert sim.mean_drafts == pytest.approx(proposed / rounds, rel=0.15), (ctx, L, t)
+            assert 1 < proposed / rounds < L - 1  # the threshold stopped some rounds early, not all
+            # power: a model that ignored the threshold would be far off
+            assert profile.rounds(k, L, ctx).mean_drafts > 1.5 * proposed / rounds
+    with pytest.raises(ValueError, match="confidence_threshold must be in"):
+        set_draft_length(drafter.generation_config, 3, 1.0)
+
+
+def test_other_load_counts_other_processes_not_the_measurement():
+    import subprocess
+    import sys
+    import time
+
+    from hf_vocabspec.evaluation.tune import OtherLoad
+
+    with OtherLoad() as own:  # this process spinning is the measurement itself, not "other load"
+        end = time.perf_counter() + 0.6
+        while time.perf_counter() < end:
+            pass
+    if own.cores is None:
+        pytest.skip("no /proc/stat here")
+    with OtherLoad() as other:
+        subprocess.run([sys.executable, "-c", "import time\nend = time.time() + 1.0\nwhile time.time() < end: pass"],
+                       check=True)
+    # relative: whatever else runs on the machine counts in both (a quiet machine: about 0 and 1)
+    assert other.cores > own.cores + 0.5, (own.cores, other.cores)
+
+
+def test_sampled_profile_predicts_the_tau_sampling_measures():
+    """T=1: rounds simulated from min(1, q(x)/p(x)) along the target's sampled continuations predict the tau of
+    sampled speculative generation (many rounds; threshold: 4 standard errors of the measured tau). Power: the
+    same simulation from a deliberately wrong q fails that threshold."""
+    from hf_vocabspec.drafter import set_draft_length
+    from hf_vocabspec.evaluation.tune import drafter_acceptance_profile, target_continuations
+    from hf_vocabspec.generation.stats import SpeculationStats
+    from hf_vocabspec.selection import simulate_rounds
+
+    target, base = make_pair("llama", seed=3, head_scale=20.0, noise=0.6)
+    counts, n_new, k, L = tiny_counts(), 24, VOCAB, 3
+    convs = tiny_conversations(n=40, seed=5)
+    conts = target_continuations(target, convs, n_new, mode="t1", seed=1)
+    profile = drafter_acceptance_profile(target, base, conts, counts, [k], mode="t1", context_tokens=False)
+    predicted = profile.expected_accepted_length(k, L)
+    drafter = hf_vocabspec.trim_drafter(base, counts.top_k(k))
+    set_draft_length(drafter.generation_config, L)
+    stats = SpeculationStats()
+    torch.manual_seed(11)
+    for c in convs:
+        prompt = c.ids[: c.answer_start][None]
+        for _ in range(3):
+            target.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True, temperature=1.0, top_k=0,
+                            max_new_tokens=n_new, assistant_model=drafter)
+            stats.add(drafter.last_speculation_stats)
+    measured, se = stats.mean_accepted_length, stats.accepted_length_standard_error
+    assert abs(predicted - measured) < 4 * se, (predicted, measured, se)
+    # power: the same simulation from a deliberately wrong q (the acceptance ratio inverted, min(1, p(x)/q(x)))
+    # is refused by the same threshold
+    wrong = []
+    for c in conts:
+        p = target(input_ids=c.ids[None]).logits[0, c.answer_start - 1:-1].softmax(-1)
+        q = base(input_ids=c.ids[None]).logits[0, c.answer_start - 1:-1].softmax(-1)
+        path = c.ids[c.answer_start:, None]
+        wrong.append((p.gather(1, path) / q.gather(1, path)).clamp(max=1.0)[:, 0].detach())
+    wrong_tau = simulate_rounds(torch.cat(wrong), profile.segments, L).tau
+    assert abs(wrong_tau - measured) > 4 * se, (wrong_tau, measured, se)

@@ -39,6 +39,17 @@ class UsageError(ValueError):
     """A bad combination of command-line arguments found after parsing (exit status 2, like argparse's)."""
 
 
+def confidence_threshold(text: str) -> float:
+    """argparse type: a drafter confidence threshold in [0, 1) (0: never stop drafting early)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), e.g. 0.4; got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1) (0: no early stop); got {text}")
+    return value
+
+
 def coverage_fraction(text: str) -> float:
     """argparse type: a coverage share in (0, 1] (checked on the command line, before any work)."""
     try:

@@ -8,6 +8,7 @@ from ._common import (
     check_dataset_name,
     check_storage,
     check_ks_in_vocabulary,
+    confidence_threshold,
     coverage_fraction,
     given,
     log,
@@ -21,10 +22,11 @@ from ._common import (
 )
 
 
+
 def cmd_tune(args) -> int:
     refuse_together(args, "ks", ("coverages",), "--ks replaces the kept sizes --coverages would choose (drop one)")
-    if not args.validate and given(args, "validate_draft_lengths", "max_new_tokens"):
-        raise UsageError(f"{', '.join(given(args, 'validate_draft_lengths', 'max_new_tokens'))} only apply with "
+    if not args.validate and given(args, "validate_draft_lengths", "validate_on"):
+        raise UsageError(f"{', '.join(given(args, 'validate_draft_lengths', 'validate_on'))} only apply with "
                          "--validate PROMPTS (add it or drop them).")
     out = prepare_output(args.output, "tune", overwrite=args.overwrite, parent_must_exist=False)
     check_dataset_name(args.dataset)
@@ -64,7 +66,9 @@ def _run(args, out, tqdm) -> dict:
         ks=args.ks, draft_lengths=args.draft_lengths, mode=args.mode, drafter_dtype=DTYPES[args.drafter_dtype],
         n_trials=args.n_trials, storage=args.storage, seed=args.seed, repeats=args.repeats,
         save_drafter=not args.no_save, validate_prompts=args.validate, validate_draft_lengths=args.validate_draft_lengths,
-        max_new_tokens=args.max_new_tokens, acceptance=args.acceptance, progress=lambda xs: tqdm(xs, leave=False),
+        validate_on=args.validate_on,
+        max_new_tokens=args.max_new_tokens, acceptance=args.acceptance,
+        confidence_thresholds=args.confidence_thresholds, progress=lambda xs: tqdm(xs, leave=False),
     )
 
 
@@ -80,6 +84,9 @@ def register(sub) -> None:
                    help="kept sizes searched: the smallest k reaching each coverage")
     t.add_argument("--ks", type=positive_int, nargs="+", default=None, help="explicit kept sizes (instead of --coverages)")
     t.add_argument("--draft-lengths", type=positive_int, nargs="+", default=[2, 3, 4, 5, 6, 8, 10, 12])
+    t.add_argument("--confidence-thresholds", type=confidence_threshold, nargs="+", default=[0.0, 0.2, 0.3, 0.4, 0.5, 0.6],
+                   help="stop a round's drafting after a draft the drafter gives less probability than this "
+                        "(greedy; 0 = never); searched with k and L")
     t.add_argument("--mode", type=sampling_mode, default="greedy", help="'greedy' or 't<temperature>' (e.g. t1, t0.7)")
     t.add_argument("--n-trials", type=positive_int, default=None, help="default: the whole grid (exact argmax)")
     t.add_argument("--storage", default=None, help="journal file (or sqlite:///...) to resume the study")
@@ -91,6 +98,9 @@ def register(sub) -> None:
                    help="also measure the tuned setting next to its neighbours (3 k x --validate-draft-lengths, "
                         "interleaved, same context setting) on this many held-out prompts, and print its rank")
     t.add_argument("--validate-draft-lengths", type=positive_int, nargs="+", default=[3, 5, 8, 12])
+    t.add_argument("--validate-on", choices=["held-out", "scored"], default="held-out",
+                   help="held-out: other prompts, 3 kept sizes (tests the choice); scored: the scored prompts at "
+                        "the tuned k (tests the simulation: greedy walks the scored path)")
     t.add_argument("--max-new-tokens", type=positive_int, default=64,
                    help="per prompt: the target's continuation scored (--acceptance drafter) and --validate's generation")
     t.add_argument("--acceptance", choices=["drafter", "ideal"], default="drafter",

@@ -33,6 +33,7 @@ from .data import Conversation
 
 DEFAULT_COVERAGES = (0.9, 0.95, 0.97, 0.98, 0.99, 0.995)
 DEFAULT_DRAFT_LENGTHS = (2, 3, 4, 5, 6, 8, 10, 12)
+DEFAULT_CONFIDENCE_THRESHOLDS = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6)  # 0.4: transformers' default for assistants
 
 
 def _temperature(mode: str) -> float | None:
@@ -115,17 +116,27 @@ def acceptance_profile(
 
 @torch.no_grad()
 def target_continuations(target, conversations: Sequence[Conversation], max_new_tokens: int = 64,
-                         progress: Callable | None = None) -> list[Conversation]:
-    """Each conversation's prompt followed by the target's own GREEDY continuation (``max_new_tokens``): the
-    path speculative decoding walks, so per-position acceptances along it are what generation meets."""
+                         progress: Callable | None = None, *, mode: str = "greedy",
+                         seed: int = 0) -> list[Conversation]:
+    """Each conversation's prompt followed by the target's own continuation (``max_new_tokens``; greedy, or
+    sampled at the mode's temperature, seeded): the path speculative decoding walks, so per-position
+    acceptances along it are what generation meets (a greedy path is more predictable than a sampled one)."""
+    temp = _temperature(mode)
+    kwargs = {"do_sample": False} if temp is None else {"do_sample": True, "temperature": temp, "top_k": 0, "top_p": 1.0}
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
     out = []
-    for conv in progress(conversations) if progress else conversations:
-        prompt = conv.ids[: conv.answer_start][None].to(target.device)
-        seq = target.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
-                              max_new_tokens=max_new_tokens)[0].cpu()
-        if seq.numel() > conv.answer_start:
-            out.append(Conversation(seq, conv.answer_start))
+    try:
+        for conv in progress(conversations) if progress else conversations:
+            prompt = conv.ids[: conv.answer_start][None].to(target.device)
+            seq = target.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new_tokens,
+                                  **kwargs)[0].cpu()
+            if seq.numel() > conv.answer_start:
+                out.append(Conversation(seq, conv.answer_start))
+    finally:
+        torch.random.set_rng_state(generator_state)  # a library call leaves the user's RNG alone
     return out
+
 
 
 @torch.no_grad()
@@ -144,10 +155,18 @@ def drafter_acceptance_profile(
     """Per-position acceptance of the REAL trimmed drafter at each k, from one teacher-forced forward of the
     target and one of the untrimmed ``drafter`` per conversation (best along :func:`target_continuations`).
 
+    Greedy profiles also keep the drafter's probability of its own draft (over D_t) at each position, so
+    confidence-threshold stops (``assistant_confidence_threshold``) are simulated from the same forwards.
     At position t the trimmed drafter drafts over D_t = the top-k kept ids (+ ``always_kept``), plus with context
     tokens the pruned ids already in the sequence before t. Greedy: 1 if argmax of q over D_t is the target's
-    argmax; sampling: sum_j min(p_j, q_j) with q the drafter's softmax restricted to D_t (the exact acceptance
-    probability). The profile simulates rounds (``simulate_rounds``), so tau for every L, each k and context on
+    argmax. Sampling (``conversations`` should then be the target's SAMPLED continuations, as
+    :func:`target_continuations` gives for that mode): speculative sampling emits the target's distribution, and
+    given that the token at t is x, the draft there was accepted with probability min(p(x), q(x)) / p(x) =
+    min(1, q(x) / p(x)) (q: the drafter's softmax restricted to D_t), independently of other positions given the
+    path. Those are the per-position acceptances used: their mean over x ~ p is the familiar sum_j min(p_j, q_j),
+    but unlike it they keep that a rejection happens where the drafter underrates the token the path takes, so
+    rounds that start after one start in the contexts where they do in generation (the expected-value form was
+    optimistic at T=1). The profile simulates rounds (``simulate_rounds``), so tau for every L, each k and context on
     or off all come from the same two forwards, with no scalar agreement factor.
     """
     temp = _temperature(mode)
@@ -158,6 +177,7 @@ def drafter_acceptance_profile(
     rank[ranked] = torch.arange(ranked.numel())
     rank[torch.as_tensor(list(always_kept), dtype=torch.long)] = -1  # kept at every k
     cols_v, cols_c, segments = [], [], []
+    conf_v, conf_c = [], []  # greedy: the drafter's probability of its own draft (confidence-threshold stops)
     for conv in progress(conversations) if progress else conversations:
         ids = conv.ids
         n = ids.numel() - conv.answer_start
@@ -172,8 +192,10 @@ def drafter_acceptance_profile(
         in_ctx = torch.zeros(n, vocab, dtype=torch.bool)
         in_ctx[:, uniq] = seen
         target_top = p_logits.argmax(-1)
-        p = None if temp is None else (p_logits / temp).softmax(-1)
+        path = ids[conv.answer_start:]  # the token the path has at each scored position
+        p_path = None if temp is None else (p_logits / temp).softmax(-1).gather(1, path[:, None])[:, 0]
         per_k = {False: [], True: []}
+        conf_k = {False: [], True: []}
         for k in ks:
             kept = (rank < k)[None, :]
             for ctx in (False, True) if context_tokens else (False,):
@@ -181,21 +203,68 @@ def drafter_acceptance_profile(
                 masked = q_logits.masked_fill(~draftable, float("-inf"))
                 if temp is None:
                     per_k[ctx].append((masked.argmax(-1) == target_top).double())
-                else:
-                    q = (masked / temp).softmax(-1)
-                    per_k[ctx].append(torch.minimum(p, q).sum(-1).double().clamp(max=1.0))
+                    conf_k[ctx].append(masked.float().softmax(-1).amax(-1).double())
+                else:  # P(accepted | the token there is x) = min(1, q(x) / p(x)): see the docstring
+                    q_path = (masked / temp).softmax(-1).gather(1, path[:, None])[:, 0]
+                    per_k[ctx].append((q_path.double() / p_path.double().clamp(min=1e-30)).clamp(max=1.0))
         cols_v.append(torch.stack(per_k[False], 1))
         if context_tokens:
             cols_c.append(torch.stack(per_k[True], 1))
+        if temp is None:
+            conf_v.append(torch.stack(conf_k[False], 1))
+            if context_tokens:
+                conf_c.append(torch.stack(conf_k[True], 1))
         segments.append(n)
     return AcceptanceProfile(ks, torch.cat(cols_v), torch.cat(cols_c) if context_tokens else None, segments,
-                             mode=mode, agreement=1.0, simulate_rounds=True)
+                             mode=mode, agreement=1.0, simulate_rounds=True,
+                             vanilla_confidence=torch.cat(conf_v) if conf_v else None,
+                             context_confidence=torch.cat(conf_c) if conf_c else None)
 
 
 def load_check(threshold: float = 0.5) -> tuple[float, bool]:
     """(1-minute load average, whether it is above ``threshold`` x the cores): timings taken then are noisy."""
     load = os.getloadavg()[0]
     return load, load > threshold * (os.cpu_count() or 1)
+
+
+class OtherLoad:
+    """CPU time OTHER processes used while a measurement ran, in cores: the machine's busy time (/proc/stat) minus
+    this process's own CPU time. The load average counts the measurement itself, so on a 2-core machine a timing
+    run that uses both cores always looks "busy" by it. ``cores`` is None where /proc/stat is unavailable."""
+
+    def __init__(self, threshold: float = 0.25):
+        self.threshold = threshold
+        self.cores: float | None = None
+
+    @staticmethod
+    def _machine_busy_seconds() -> float | None:
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+        return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+    @staticmethod
+    def _own_seconds() -> float:
+        t = os.times()
+        return t.user + t.system
+
+    def __enter__(self) -> OtherLoad:
+        self._start = (time.perf_counter(), self._machine_busy_seconds(), self._own_seconds())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        wall0, busy0, own0 = self._start
+        busy1, wall = self._machine_busy_seconds(), time.perf_counter() - wall0
+        if busy0 is not None and busy1 is not None and wall > 0:
+            self.cores = max(0.0, (busy1 - busy0) - (self._own_seconds() - own0)) / wall
+
+    @property
+    def busy(self) -> bool:
+        """Other processes used more than ``threshold`` x the cores while measuring."""
+        return self.cores is not None and self.cores > self.threshold * (os.cpu_count() or 1)
 
 
 def measure_throughput_model(
@@ -213,6 +282,7 @@ def measure_throughput_model(
     context_length: int = 256,
     acceptance: str = "ideal",
     continuation_tokens: int = 64,
+    confidence_thresholds: Sequence[float] = DEFAULT_CONFIDENCE_THRESHOLDS,
     progress: Callable | None = None,
 ) -> tuple[ThroughputModel, dict]:
     """Measure acceptance, draft latency per k and verify latency per L+1 (verify head on); returns the model
@@ -226,7 +296,7 @@ def measure_throughput_model(
 
     load_before, busy_before = load_check()
     if acceptance == "drafter":
-        conversations = target_continuations(target, conversations, continuation_tokens)
+        conversations = target_continuations(target, conversations, continuation_tokens, mode=mode)
         profile = drafter_acceptance_profile(target, drafter, conversations, counts, ks, mode=mode,
                                              context_tokens=context_tokens, always_kept=always_kept, progress=progress)
     elif acceptance == "ideal":
@@ -234,20 +304,24 @@ def measure_throughput_model(
                                      always_kept=always_kept, drafter=drafter, progress=progress)
     else:
         raise ValueError(f"acceptance must be 'drafter' or 'ideal'; got {acceptance!r}.")
-    curve = measure_draft_latency(drafter, profile.ks, context_length=context_length, repeats=repeats)
     widths = tuple(sorted({int(n) + 1 for n in draft_lengths}))
-    verify = measure_verify_latency(target, widths, context_length=context_length, repeats=repeats)
-    load_after, busy_after = load_check()
-    if busy_before or busy_after:
-        warnings.warn(f"The machine was busy while measuring (load {load_before:.1f} -> {load_after:.1f} on "
-                      f"{os.cpu_count()} cores): latencies are noisy; re-run tune on a quiet machine.", stacklevel=2)
+    with OtherLoad() as others:  # the timed part: draft steps per k, verify forwards per L+1
+        curve = measure_draft_latency(drafter, profile.ks, context_length=context_length, repeats=repeats)
+        verify = measure_verify_latency(target, widths, context_length=context_length, repeats=repeats)
+    load_after, _ = load_check()
+    busy = others.busy if others.cores is not None else busy_before
+    if busy:
+        used = f"other processes used {others.cores:.1f}" if others.cores is not None else f"load {load_before:.1f}"
+        warnings.warn(f"The machine was busy while timing ({used} of {os.cpu_count()} cores): latencies are "
+                      "noisy; re-run tune on a quiet machine.", stacklevel=2)
     verify_seconds = {n: verify.median_ms(n) / 1e3 for n in (1, *widths)}
-    model = ThroughputModel(profile, curve, verify_seconds, draft_lengths=sorted({int(n) for n in draft_lengths}))
+    model = ThroughputModel(profile, curve, verify_seconds, draft_lengths=sorted({int(n) for n in draft_lengths}),
+                            confidence_thresholds=list(confidence_thresholds))
     record = {"acceptance": profile.to_dict(), "acceptance_model": acceptance, "draft_latency": curve.to_dict(),
               "verify_ms": {str(n): verify.median_ms(n) for n in (1, *widths)},
               "verify_decode_ratio": {str(n): verify.ratio(n) for n in widths},
               "verify_kernels": {str(n): k for n, k in verify.kernels.items()},
-              "load": [load_before, load_after], "busy": bool(busy_before or busy_after),
+              "load": [load_before, load_after], "other_processes_cores": others.cores, "busy": bool(busy),
               "threads": torch.get_num_threads(), "context_length": context_length}
     return model, record
 
@@ -257,8 +331,9 @@ def save_tuned_drafter(base_drafter, counts: TokenCounts, result: TuneResult, ou
     """Trim ``base_drafter`` to the chosen k and save it with the chosen L and context-token setting."""
     from ..drafter import set_draft_length, trim_drafter
 
-    selection = {"method": "hf-vocabspec tune (joint k, L, context tokens)", "k": result.k,
+    selection = {"method": "hf-vocabspec tune (joint k, L, context tokens, confidence threshold)", "k": result.k,
                  "coverage": counts.coverage(result.k), "num_draft_tokens": result.num_draft_tokens,
+                 "confidence_threshold": result.confidence_threshold,
                  "context_tokens": result.context_tokens, "predicted_speedup": round(result.speedup, 4),
                  "predicted_tokens_per_s": round(result.tokens_per_second, 3), **(extra_selection or {})}
     drafter = trim_drafter(base_drafter, counts.top_k(result.k), tokenizer=tokenizer, target_model=target_model,
@@ -267,7 +342,7 @@ def save_tuned_drafter(base_drafter, counts: TokenCounts, result: TuneResult, ou
         raise ValueError("The tuned setting uses context tokens but this drafter kept no pruned head rows.")
     drafter.config.context_tokens = result.context_tokens
     drafter.use_context_tokens = result.context_tokens
-    set_draft_length(drafter.generation_config, result.num_draft_tokens)
+    set_draft_length(drafter.generation_config, result.num_draft_tokens, result.confidence_threshold)
     out = Path(out_dir)
     drafter.save_pretrained(out)
     if tokenizer is not None:
@@ -295,13 +370,20 @@ def run_tune(
     save_drafter: bool = True,
     validate_prompts: int = 0,
     validate_draft_lengths: Sequence[int] = (3, 5, 8, 12),
+    validate_on: str = "held-out",
     max_new_tokens: int = 64,
     acceptance: str = "drafter",
+    confidence_thresholds: Sequence[float] = DEFAULT_CONFIDENCE_THRESHOLDS,
     progress: Callable | None = None,
 ) -> dict:
     """Count, measure, search, save: writes tune.json, heatmap.png and (by default) the tuned drafter to
     ``out_dir/drafter``; returns the report. With ``validate_prompts`` > 0 the tuned setting is also measured
-    next to its neighbours (3 kept sizes x ``validate_draft_lengths``) on that many held-out prompts."""
+    next to its neighbours (3 kept sizes x ``validate_draft_lengths``) on that many held-out prompts
+    (``validate_on="held-out"``: other prompts than the scored ones, the choice's test), or at the tuned k only on
+    the prompts whose continuations were scored (``"scored"``: the simulation's own test, free of prompt-to-prompt
+    variance: greedy generation walks exactly the scored path)."""
+    if validate_on not in ("held-out", "scored"):
+        raise ValueError(f"validate_on must be 'held-out' or 'scored'; got {validate_on!r}.")
     from ..coverage import count_assistant_tokens
     from ..drafter import special_token_ids
     from .data import count_split, held_out_conversations
@@ -324,25 +406,34 @@ def run_tune(
     # context_head that trim_drafter stores by default)
     model, record = measure_throughput_model(target, drafter, convs, counts, ks, draft_lengths=draft_lengths,
                                              mode=mode, always_kept=special, repeats=repeats, acceptance=acceptance,
-                                             continuation_tokens=max_new_tokens, progress=progress)
+                                             continuation_tokens=max_new_tokens,
+                                             confidence_thresholds=confidence_thresholds, progress=progress)
     result = tune(model, n_trials=n_trials, seed=seed, storage=storage)
     report = {"target": target_name, "drafter": drafter_name, "dataset": dataset, "count_examples": len(counted),
               "conversations": len(convs), "mode": mode, "date": time.strftime("%Y-%m-%d %H:%M"),
               "vocab_size": vocab, "coverage": {str(k): counts.coverage(k) for k in model.acceptance.ks},
               "result": result.to_dict(), "measured": record,
-              "grid": [{"k": k, "num_draft_tokens": n, "context_tokens": c,
-                        "tau": model.acceptance.expected_accepted_length(k, n, c),
-                        "tokens_per_s": model.tokens_per_second(k, n, c), "speedup": model.speedup(k, n, c)}
-                       for k, n, c in model.grid()]}
+              "grid": [{"k": k, "num_draft_tokens": n, "context_tokens": c, "confidence_threshold": t,
+                        "tau": model.acceptance.expected_accepted_length(k, n, c, t),
+                        "mean_drafts": model.acceptance.rounds(k, n, c, t).mean_drafts,
+                        "tokens_per_s": model.tokens_per_second(k, n, c, t), "speedup": model.speedup(k, n, c, t)}
+                       for k, n, c, t in model.grid()]}
     if validate_prompts:
         from .data import eval_prompts
 
-        prompts = eval_prompts(held_out, tokenizer, start=len(held_out) // 2, n=validate_prompts, max_prompt_tokens=256)
+        if validate_on == "scored":
+            prompts = [c.ids[: c.answer_start][None] for c in convs[:validate_prompts]]
+            validate_ks = [result.k]
+        else:
+            prompts = eval_prompts(held_out, tokenizer, start=len(held_out) // 2, n=validate_prompts,
+                                   max_prompt_tokens=256)
+            validate_ks = neighbour_ks(model.acceptance.ks, result.k, vocab)
         report["validation"] = validate_tuned(
-            target, drafter, counts, result, prompts, ks=neighbour_ks(model.acceptance.ks, result.k, vocab),
+            target, drafter, counts, result, prompts, ks=validate_ks, model=model,
             draft_lengths=validate_draft_lengths, tokenizer=tokenizer, max_new_tokens=max_new_tokens,
             generate_kwargs={"do_sample": False} if mode == "greedy" else {"do_sample": True, "temperature": _temperature(mode), "top_k": 0},
             progress=progress)
+        report["validation"]["validated_on"] = validate_on
     atomic_write(out / "tune.json", lambda p: p.write_text(json.dumps(report, indent=2)))
     result.plot_heatmap(out / "heatmap.png", model)
     if save_drafter:
@@ -354,17 +445,24 @@ def run_tune(
 def format_tune(report: dict) -> str:
     r = report["result"]
     lines = [(f"tuned for {report['target']} with {report['drafter']} ({report['mode']}, {report['dataset']}): "
-              f"k={r['k']:,}, L={r['num_draft_tokens']}, context tokens {'on' if r['context_tokens'] else 'off'}; "
+              f"k={r['k']:,}, L={r['num_draft_tokens']}, context tokens {'on' if r['context_tokens'] else 'off'}, "
+              f"{_threshold_text(r['confidence_threshold'])}; "
               f"predicted {r['predicted_tokens_per_s']:.2f} tokens/s = {r['predicted_speedup']:.2f}x target-only"),
              f"machine load {report['measured']['load'][0]:.1f} -> {report['measured']['load'][1]:.1f}"
+             + (f"; other processes used {report['measured']['other_processes_cores']:.2f} cores while timing"
+                if report["measured"].get("other_processes_cores") is not None else "")
              + (" (BUSY: noisy)" if report["measured"]["busy"] else ""),
              "verify/decode ratio (verify head on): " + ", ".join(
                  f"L+1={n}: {v:.2f}" for n, v in report["measured"]["verify_decode_ratio"].items())]
     best = sorted(report["grid"], key=lambda g: -g["tokens_per_s"])[:5]
     lines.append("top predicted settings: " + "; ".join(
         f"k={g['k']:,} L={g['num_draft_tokens']} ctx={'on' if g['context_tokens'] else 'off'} "
-        f"{g['speedup']:.2f}x (tau {g['tau']:.2f})" for g in best))
+        f"{_threshold_text(g['confidence_threshold'])} {g['speedup']:.2f}x (tau {g['tau']:.2f})" for g in best))
     return "\n".join(lines)
+
+
+def _threshold_text(threshold: float) -> str:
+    return f"stop below confidence {threshold:g}" if threshold else "no confidence stop"
 
 
 def neighbour_ks(ks: Sequence[int], k: int, vocab: int) -> list[int]:
@@ -389,31 +487,53 @@ def validate_tuned(
     max_new_tokens: int = 64,
     repeats: int = 1,
     generate_kwargs: dict | None = None,
+    model: ThroughputModel | None = None,
     progress: Callable | None = None,
 ) -> dict:
-    """Measure the tuned (k, L, context) next to a grid of neighbours (``ks`` x ``draft_lengths``, same
-    context setting) and target only, interleaved in one run; returns the rows and the tuned setting's rank."""
+    """Measure the tuned (k, L, context, threshold) next to a grid of neighbours (``ks`` x ``draft_lengths`` at a
+    constant L, same context setting) and target only, interleaved in one run; returns the rows (with the
+    ``model``'s predicted tau, draft count and speedup beside the measured ones) and the tuned setting's rank."""
     from ..drafter import set_draft_length, trim_drafter
     from .benchmark import Method, compare_methods
 
-    lengths = sorted({*map(int, draft_lengths), result.num_draft_tokens})
+    def name(k: int, n: int, t: float) -> str:
+        return f"k={k} L={n}" + (f" stop<{t:g}" if t else "")
+
+    cells = [(k, n, 0.0) for k in sorted({*map(int, ks), result.k}) for n in sorted(map(int, draft_lengths))]
+    tuned_cell = (result.k, result.num_draft_tokens, float(result.confidence_threshold))
+    if tuned_cell not in cells:
+        cells.append(tuned_cell)
     methods = [Method("target only")]
-    for k in sorted({*map(int, ks), result.k}):
-        # a body of its own per drafter: trim_drafter reuses the base's body, and the benchmark's forward
-        # timer hooks each drafter's body once
-        drafter = trim_drafter(copy.deepcopy(base_drafter), counts.top_k(k), tokenizer=tokenizer)
-        drafter.use_context_tokens = result.context_tokens and drafter.supports_context_tokens
-        for n in lengths:
-            def prepare(d=drafter, n=n):  # untimed, before each call: this method's draft length
-                set_draft_length(d.generation_config, n)
-            methods.append(Method(f"k={k} L={n}", drafter, prepare=prepare))
+    drafters: dict = {}
+    for k, n, t in cells:
+        if k not in drafters:
+            # a body of its own per drafter: trim_drafter reuses the base's body, and the benchmark's forward
+            # timer hooks each drafter's body once
+            drafter = trim_drafter(copy.deepcopy(base_drafter), counts.top_k(k), tokenizer=tokenizer)
+            drafter.use_context_tokens = result.context_tokens and drafter.supports_context_tokens
+            drafters[k] = drafter
+
+        def prepare(d=drafters[k], n=n, t=t):  # untimed, before each call: this method's schedule
+            set_draft_length(d.generation_config, n, t)
+        methods.append(Method(name(k, n, t), drafters[k], prepare=prepare))
     results = compare_methods(target, methods, prompts, max_new_tokens=max_new_tokens, repeats=repeats,
                               generate_kwargs=generate_kwargs, progress=progress)
     base = results["target only"].tokens_per_s
-    rows = [{"method": name, "tokens_per_s": r.tokens_per_s, "speedup": r.tokens_per_s / base if base else None,
-             "mean_accepted_length": r.mean_accepted_length} for name, r in results.items() if name != "target only"]
+    rows = []
+    for k, n, t in cells:
+        r = results[name(k, n, t)]
+        row = {"method": name(k, n, t), "k": k, "num_draft_tokens": n, "confidence_threshold": t,
+               "tokens_per_s": r.tokens_per_s, "speedup": r.tokens_per_s / base if base else None,
+               "mean_accepted_length": r.mean_accepted_length,
+               "tau_standard_error": r.stats.accepted_length_standard_error, "rounds": r.stats.rounds,
+               "mean_drafts": r.stats.proposed / r.stats.rounds if r.stats.rounds else None}
+        if model is not None and k in model.acceptance.ks:
+            sim = model.acceptance.rounds(k, n, result.context_tokens, t)
+            row.update(predicted_tau=sim.tau, predicted_mean_drafts=sim.mean_drafts,
+                       predicted_speedup=model.speedup(k, n, result.context_tokens, t))
+        rows.append(row)
     rows.sort(key=lambda row: -row["tokens_per_s"])
-    tuned = f"k={result.k} L={result.num_draft_tokens}"
+    tuned = name(*tuned_cell)
     rank = next(i for i, row in enumerate(rows, 1) if row["method"] == tuned)
     best = rows[0]["tokens_per_s"]
     tuned_tps = rows[rank - 1]["tokens_per_s"]
@@ -422,14 +542,28 @@ def validate_tuned(
             "predicted_speedup": result.speedup, "rows": rows}
 
 
+def _f(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _pm(standard_error: float | None) -> str:
+    return "" if standard_error is None else f" (+-{standard_error:.2f})"
+
+
 def format_validation(v: dict) -> str:
     lines = [(f"tuned {v['tuned']} (context tokens {'on' if v['context_tokens'] else 'off'}) ranks {v['rank']} of "
               f"{v['of']} measured settings: {v['tuned_vs_best']:.1%} of the best; predicted "
               f"{v['predicted_speedup']:.2f}x, measured {v['rows'][v['rank'] - 1]['speedup']:.2f}x over target only"),
-             "| setting | tokens/s | x target only | tau |", "|---|---|---|---|"]
+             "| setting | tokens/s | x target only (predicted) | tau measured (+- s.e.) | tau predicted "
+             "| predicted / measured | drafts per round measured (predicted) |",
+             "|---|---|---|---|---|---|---|"]
     for row in v["rows"]:
         mark = " (tuned)" if row["method"] == v["tuned"] else ""
-        tau = row["mean_accepted_length"]
-        lines.append(f"| {row['method']}{mark} | {row['tokens_per_s']:.2f} | {row['speedup']:.2f} | "
-                     f"{'' if tau is None else f'{tau:.2f}'} |")
+        tau, pred = row["mean_accepted_length"], row.get("predicted_tau")
+        ratio = pred / tau if tau and pred else None
+        lines.append(f"| {row['method']}{mark} | {row['tokens_per_s']:.2f} | {_f(row['speedup'], '.2f')} "
+                     f"({_f(row.get('predicted_speedup'), '.2f')}) | {_f(tau, '.2f')} "
+                     f"{_pm(row.get('tau_standard_error'))} | {_f(pred, '.2f')} | "
+                     f"{_f(ratio, '.3f')} | {_f(row.get('mean_drafts'), '.2f')} "
+                     f"({_f(row.get('predicted_mean_drafts'), '.2f')}) |")
     return "\n".join(lines)

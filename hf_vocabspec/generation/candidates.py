@@ -136,8 +136,11 @@ class TrimmedCandidateGenerator(AssistedCandidateGenerator):
             self.stats.draft_steps += 1
             if self.eos is not None and bool(torch.isin(token, self.eos).any()):
                 break
-            if self.assistant_confidence_threshold and not self.do_sample:
-                if float(logits.softmax(dim=-1).max()) < self.assistant_confidence_threshold:
+            # transformers' ConfidenceCriteria: stop after a draft the drafter gave less than the threshold, greedy
+            # or sampled (the stop depends on the drafter's own draws only, so verification stays exact)
+            if self.assistant_confidence_threshold:
+                chosen = probs.gather(-1, idx) if self.do_sample else logits.softmax(dim=-1).gather(-1, idx)
+                if float(chosen) < self.assistant_confidence_threshold:
                     break
         candidate_logits = None
         if self.do_sample:

@@ -73,3 +73,14 @@ class SpeculationStats:
         """tau = 1 + accepted / verify rounds per row (counts the bonus token)."""
         per = self.row_rounds or self.rounds
         return 1.0 + self.accepted / per if per else 0.0
+
+    @property
+    def accepted_length_standard_error(self) -> float | None:
+        """Standard error of tau over the recorded rounds (rounds are not independent across a sequence, so
+        read it as a lower bound on the noise); None with fewer than 2 recorded rounds."""
+        n = len(self.per_round_accepted)
+        if n < 2:
+            return None
+        mean = sum(self.per_round_accepted) / n
+        var = sum((a - mean) ** 2 for a in self.per_round_accepted) / (n - 1)
+        return (var / n) ** 0.5
