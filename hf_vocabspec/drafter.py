@@ -132,6 +132,17 @@ def check_draft_length(num_assistant_tokens: object) -> None:
                          "tokens per round.")
 
 
+def check_confidence_threshold(value: object) -> float:
+    """Refuse a confidence threshold outside [0, 1) (0: never stop drafting early); return it as a float."""
+    try:
+        threshold = float(value)
+    except (TypeError, ValueError):
+        threshold = float("nan")
+    if not 0.0 <= threshold < 1.0:
+        raise ValueError(f"confidence_threshold must be in [0, 1) (0: no early stop); got {value!r}.")
+    return threshold
+
+
 def set_draft_length(generation_config: GenerationConfig, num_assistant_tokens: int,
                      confidence_threshold: float = DEFAULT_CONFIDENCE_THRESHOLD) -> GenerationConfig:
     """Draft ``num_assistant_tokens`` tokens every round (constant schedule); with ``confidence_threshold`` > 0,
@@ -142,11 +153,10 @@ def set_draft_length(generation_config: GenerationConfig, num_assistant_tokens: 
     so methods compared side by side draft the same way.
     """
     check_draft_length(num_assistant_tokens)
-    if not 0.0 <= float(confidence_threshold) < 1.0:
-        raise ValueError(f"confidence_threshold must be in [0, 1) (0: no early stop); got {confidence_threshold!r}.")
+    threshold = check_confidence_threshold(confidence_threshold)
     generation_config.num_assistant_tokens = num_assistant_tokens
     generation_config.num_assistant_tokens_schedule = "constant"
-    generation_config.assistant_confidence_threshold = float(confidence_threshold)
+    generation_config.assistant_confidence_threshold = threshold
     return generation_config
 
 

@@ -44,6 +44,10 @@ import torch
 
 from .cost import LatencyCurve, RoundModel, draft_flops, speculative_speedup
 from .coverage import TokenCounts
+from .drafter import check_confidence_threshold
+
+# confidence thresholds the tuner searches (0: no early stop; 0.4 is transformers' default for assistants)
+DEFAULT_CONFIDENCE_THRESHOLDS = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6)
 
 OBJECTIVES = ("throughput", "utility")
 
@@ -539,7 +543,7 @@ class ThroughputModel:
     draft_latency: LatencyCurve
     verify_seconds: dict[int, float]
     draft_lengths: list[int] = field(default_factory=lambda: [2, 3, 4, 5, 6, 8, 10, 12])
-    confidence_thresholds: list[float] = field(default_factory=lambda: [0.0, 0.2, 0.3, 0.4, 0.5, 0.6])
+    confidence_thresholds: list[float] = field(default_factory=lambda: list(DEFAULT_CONFIDENCE_THRESHOLDS))
 
     def __post_init__(self):
         self.verify_seconds = {int(n): float(s) for n, s in self.verify_seconds.items()}
@@ -547,10 +551,7 @@ class ThroughputModel:
         if 1 not in self.verify_seconds or missing:
             raise ValueError(f"verify_seconds needs the decode step (1) and every L+1 searched; missing {[1] * (1 not in self.verify_seconds) + missing}. "
                              "Measure them: hf_vocabspec.verify_head.measure_verify_latency(target, rows=...).")
-        bad = [t for t in self.confidence_thresholds if not 0.0 <= float(t) < 1.0]
-        if bad:
-            raise ValueError(f"confidence thresholds must be in [0, 1); got {bad}.")
-        self.confidence_thresholds = sorted({0.0, *map(float, self.confidence_thresholds)})
+        self.confidence_thresholds = sorted({0.0, *map(check_confidence_threshold, self.confidence_thresholds)})
 
     @property
     def context_options(self) -> list[bool]:

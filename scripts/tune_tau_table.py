@@ -8,13 +8,8 @@ from __future__ import annotations
 import json
 import sys
 
-
-def _f(value, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def _pm(standard_error: float | None) -> str:
-    return "" if standard_error is None else f" (+-{standard_error:.2f})"
+from hf_vocabspec.evaluation._format import cell as _f
+from hf_vocabspec.evaluation._format import plus_minus as _pm
 
 
 def render(reports: list[dict]) -> str:

@@ -41,13 +41,12 @@ class UsageError(ValueError):
 
 def confidence_threshold(text: str) -> float:
     """argparse type: a drafter confidence threshold in [0, 1) (0: never stop drafting early)."""
+    from ..drafter import check_confidence_threshold
+
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), e.g. 0.4; got {text!r}") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1) (0: no early stop); got {text}")
-    return value
+        return check_confidence_threshold(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def coverage_fraction(text: str) -> float:

@@ -22,7 +22,6 @@ from ._common import (
 )
 
 
-
 def cmd_tune(args) -> int:
     refuse_together(args, "ks", ("coverages",), "--ks replaces the kept sizes --coverages would choose (drop one)")
     if not args.validate and given(args, "validate_draft_lengths", "validate_on"):

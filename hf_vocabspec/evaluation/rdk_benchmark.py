@@ -21,6 +21,7 @@ from .._io import atomic_write
 from ..cost import expected_accepted_length
 from ..drafter import set_draft_length
 from .benchmark import Method, MethodResult, compare_methods
+from ._format import cell as _f
 from .data import eval_prompts, load_workload
 
 CALIBRATION_CONVERSATIONS = 3000
@@ -162,10 +163,6 @@ def _gen_row(r: MethodResult, base: MethodResult) -> dict:
             "tau_vs_untrimmed": tau / base.mean_accepted_length if tau and base.mean_accepted_length else None,
             "tokens_per_s_vs_untrimmed": r.tokens_per_s / base.tokens_per_s if base.tokens_per_s else None,
             "rounds": r.rounds, "new_tokens": r.new_tokens, "pruned_proposed": r.stats.pruned_proposed}
-
-
-def _f(x, fmt):
-    return "-" if x is None else format(x, fmt)
 
 
 def format_rdk_report(report: dict) -> str:

@@ -28,12 +28,19 @@ import torch
 
 from .._io import atomic_write
 from ..coverage import TokenCounts
-from ..selection import AcceptanceProfile, ThroughputModel, TuneResult, tune
+from ..selection import DEFAULT_CONFIDENCE_THRESHOLDS, AcceptanceProfile, ThroughputModel, TuneResult, tune
+from ._format import cell as _f
+from ._format import plus_minus as _pm
 from .data import Conversation
 
 DEFAULT_COVERAGES = (0.9, 0.95, 0.97, 0.98, 0.99, 0.995)
 DEFAULT_DRAFT_LENGTHS = (2, 3, 4, 5, 6, 8, 10, 12)
-DEFAULT_CONFIDENCE_THRESHOLDS = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6)  # 0.4: transformers' default for assistants
+
+
+def _generate_kwargs(mode: str) -> dict:
+    """generate() sampling arguments of a mode: greedy, or plain sampling at its temperature (no top-k/top-p)."""
+    temp = _temperature(mode)
+    return {"do_sample": False} if temp is None else {"do_sample": True, "temperature": temp, "top_k": 0, "top_p": 1.0}
 
 
 def _temperature(mode: str) -> float | None:
@@ -121,8 +128,7 @@ def target_continuations(target, conversations: Sequence[Conversation], max_new_
     """Each conversation's prompt followed by the target's own continuation (``max_new_tokens``; greedy, or
     sampled at the mode's temperature, seeded): the path speculative decoding walks, so per-position
     acceptances along it are what generation meets (a greedy path is more predictable than a sampled one)."""
-    temp = _temperature(mode)
-    kwargs = {"do_sample": False} if temp is None else {"do_sample": True, "temperature": temp, "top_k": 0, "top_p": 1.0}
+    kwargs = _generate_kwargs(mode)
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     out = []
@@ -136,7 +142,6 @@ def target_continuations(target, conversations: Sequence[Conversation], max_new_
     finally:
         torch.random.set_rng_state(generator_state)  # a library call leaves the user's RNG alone
     return out
-
 
 
 @torch.no_grad()
@@ -203,7 +208,7 @@ def drafter_acceptance_profile(
                 masked = q_logits.masked_fill(~draftable, float("-inf"))
                 if temp is None:
                     per_k[ctx].append((masked.argmax(-1) == target_top).double())
-                    conf_k[ctx].append(masked.float().softmax(-1).amax(-1).double())
+                    conf_k[ctx].append(masked.softmax(-1).amax(-1).double())
                 else:  # P(accepted | the token there is x) = min(1, q(x) / p(x)): see the docstring
                     q_path = (masked / temp).softmax(-1).gather(1, path[:, None])[:, 0]
                     per_k[ctx].append((q_path.double() / p_path.double().clamp(min=1e-30)).clamp(max=1.0))
@@ -431,7 +436,7 @@ def run_tune(
         report["validation"] = validate_tuned(
             target, drafter, counts, result, prompts, ks=validate_ks, model=model,
             draft_lengths=validate_draft_lengths, tokenizer=tokenizer, max_new_tokens=max_new_tokens,
-            generate_kwargs={"do_sample": False} if mode == "greedy" else {"do_sample": True, "temperature": _temperature(mode), "top_k": 0},
+            generate_kwargs=_generate_kwargs(mode),
             progress=progress)
         report["validation"]["validated_on"] = validate_on
     atomic_write(out / "tune.json", lambda p: p.write_text(json.dumps(report, indent=2)))
@@ -540,14 +545,6 @@ def validate_tuned(
     return {"tuned": tuned, "rank": rank, "of": len(rows), "context_tokens": result.context_tokens,
             "tuned_vs_best": tuned_tps / best if best else None, "target_only_tokens_per_s": base,
             "predicted_speedup": result.speedup, "rows": rows}
-
-
-def _f(value, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def _pm(standard_error: float | None) -> str:
-    return "" if standard_error is None else f" (+-{standard_error:.2f})"
 
 
 def format_validation(v: dict) -> str:
