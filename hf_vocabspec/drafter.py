@@ -100,16 +100,27 @@ def tokenizer_sha256(tokenizer) -> str:
 
 
 def model_body(model: PreTrainedModel) -> nn.Module:
-    """The decoder body of a causal LM (what runs before its LM head)."""
-    body = getattr(model, getattr(model, "base_model_prefix", "model"), None)
-    if body is None or body is model:
-        body = model.get_decoder()
-    return body
+    """The decoder body of a causal LM (what runs before its LM head): the base-model attribute, else ``model``
+    / ``transformer`` (Llama-4 text names its prefix ``language_model`` but holds ``model``), else get_decoder()."""
+    candidates = (getattr(model, getattr(model, "base_model_prefix", "model"), None), getattr(model, "model", None),
+                  getattr(model, "transformer", None), model.get_decoder())
+    for body in candidates:
+        if isinstance(body, nn.Module) and body is not model and not hasattr(body, "lm_head"):
+            return body
+    raise ValueError(f"Cannot find the decoder body of {type(model).__name__} (no base model without an LM head): "
+                     "pass a *ForCausalLM model.")
 
 
 @functools.lru_cache(maxsize=None)
 def _forward_takes_cache(cls: type) -> bool:
     return "cache" in inspect.signature(cls.forward).parameters
+
+
+@functools.lru_cache(maxsize=None)
+def forward_has_cache(cls: type) -> bool:
+    """Whether a model's forward takes a KV cache at all (openai-gpt's does not)."""
+    params = inspect.signature(cls.forward).parameters
+    return "cache" in params or "past_key_values" in params
 
 
 def cache_kwarg(model: nn.Module) -> str:
@@ -716,6 +727,9 @@ def trim_drafter(
     """
     if isinstance(model, TrimmedDrafter):
         raise ValueError("This model is already trimmed: trim the original (untrimmed) drafter instead.")
+    if getattr(model, "_is_stateful", False):
+        raise ValueError(f"{type(model).__name__} is a stateful (recurrent) model: transformers' assisted generation "
+                         "does not support it, so it cannot draft. Trim a transformer drafter instead.")
     head = model.get_output_embeddings()
     if head is None or not hasattr(head, "weight"):
         raise ValueError(f"{type(model).__name__} has no LM head (get_output_embeddings() is None): pass a causal LM.")
@@ -757,9 +771,9 @@ def trim_drafter(
         target_tokenizer_sha256=tokenizer_sha256(tokenizer) if tokenizer is not None else None,
         base_drafter=getattr(model.config, "_name_or_path", None) or None,
         selection=selection,
-        bos_token_id=model.config.get_text_config().bos_token_id,
-        eos_token_id=model.config.get_text_config().eos_token_id,
-        pad_token_id=model.config.get_text_config().pad_token_id,
+        bos_token_id=getattr(model.config.get_text_config(), "bos_token_id", None),
+        eos_token_id=getattr(model.config.get_text_config(), "eos_token_id", None),
+        pad_token_id=getattr(model.config.get_text_config(), "pad_token_id", None),
         # on wherever the pruned rows stay reachable (tied embeddings, or kept rows of an untied head):
         # lossless, and it recovers most of what pruning costs on chat text (README, docs/rdk.md section 8)
         context_tokens=bool(body_cfg.get("tie_word_embeddings", False)) or keep_untied,

@@ -1,4 +1,4 @@
-"""Batched speculative decoding (generation/batched.py): batch > 1 and num_return_sequences > 1 are lossless per row.
+"""Batched speculative decoding (generation/engine.py): batch > 1 and num_return_sequences > 1 are lossless per row.
 
 Greedy: every row token-identical to batch-1 target-only decoding of that row's own (unpadded) prompt, on tiny
 float64 models (no float ties), for unequal prompt lengths, rows that stop early at EOS, and a sliding-window model
@@ -15,7 +15,7 @@ from marginals import PVALUE_THRESHOLD, chi2_pvalue, exact_marginals
 from tiny import EOS, VOCAB, make_pair
 
 import hf_vocabspec
-from hf_vocabspec.generation import batched
+from hf_vocabspec.generation import engine
 
 KEEP = sorted({i for i in range(VOCAB) if i % 3 != 1} | {1, EOS})
 
@@ -94,7 +94,8 @@ def test_sliding_window_prompts_far_past_the_window():
     out = target.generate(input_ids=ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=30,
                           do_sample=False)
     assert _rows(out, ids.shape[1], EOS) == _reference(target, ids, mask, max_new_tokens=30)
-    assert drafter.last_speculation_stats.context_proposed >= 0
+    stats = drafter.last_speculation_stats
+    assert drafter.use_context_tokens and 0 < stats.context_proposed <= stats.proposed
 
 
 def test_forced_off_is_plain_decoding_and_auto_decides_from_measurements():
@@ -179,26 +180,26 @@ def test_sampling_marginals_exact_per_row(sampled_pair):
 
 def test_power_wrong_q_fails(sampled_pair, monkeypatch):
     target, drafter = sampled_pair
-    original = batched.BatchedSpeculation._verify
+    original = engine.SpeculativeEngine._verify
 
-    def wrong_q(self, idx, q, drafts, p_logits):  # verify against a q the drafts were NOT drawn from
+    def wrong_q(self, idx, q, drafts, p_logits, proposes):  # verify against a q the drafts were NOT drawn from
         bent = q**3
-        return original(self, idx, bent / bent.sum(-1, keepdim=True), drafts, p_logits)
+        return original(self, idx, bent / bent.sum(-1, keepdim=True), drafts, p_logits, proposes)
 
-    monkeypatch.setattr(batched.BatchedSpeculation, "_verify", wrong_q)
+    monkeypatch.setattr(engine.SpeculativeEngine, "_verify", wrong_q)
     assert min(_pvalues(target, _draw(target, drafter))) < PVALUE_THRESHOLD
 
 
 def test_power_row_mix_up_fails(sampled_pair, monkeypatch):
     """Each row's processors must see its OWN context: hand every row its neighbour's and the test must fail."""
     target, drafter = sampled_pair
-    original = batched.BatchedSpeculation._row_sequences
+    original = engine.SpeculativeEngine._candidates
 
-    def mixed(self):
-        rows = original(self)
-        return rows[len(rows) // 2 :] + rows[: len(rows) // 2]
+    def mixed(self, drafts):
+        ids = original(self, drafts)
+        return ids.roll(ids.shape[0] // 2, dims=0)
 
-    monkeypatch.setattr(batched.BatchedSpeculation, "_row_sequences", mixed)
+    monkeypatch.setattr(engine.SpeculativeEngine, "_candidates", mixed)
     assert min(_pvalues(target, _draw(target, drafter))) < PVALUE_THRESHOLD
 
 
@@ -244,16 +245,9 @@ def test_drafter_for_another_vocabulary_is_refused_at_batch_two():
         target.generate(input_ids=ids, attention_mask=mask, assistant_model=other, max_new_tokens=3)
 
 
-def test_batch_only_refusals_name_the_fix():
+def test_invalid_batched_speculation_is_refused():
     target, drafter = _pair("llama")
     ids, mask = _batch([4, 6])
-    from hf_vocabspec.rdk import identity_kernel
-
-    drafter.set_rdk_kernel(identity_kernel(drafter.d2t, VOCAB))
-    with pytest.raises(ValueError, match="use_rdk = False"):
-        target.generate(input_ids=ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=3, do_sample=True)
-    drafter.use_rdk = False
-    target.generate(input_ids=ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=3, do_sample=True)
     drafter.generation_config.batched_speculation = "sometimes"
     with pytest.raises(ValueError, match="batched_speculation"):
         target.generate(input_ids=ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=3)

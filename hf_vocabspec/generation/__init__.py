@@ -1,9 +1,10 @@
 """Generation with hf_vocabspec drafters: ``target.generate(**inputs, assistant_model=drafter)``.
 
 - :mod:`.hooks` — the one seam to transformers' private generation API (installed on import).
-- :mod:`.candidates` — batch 1: the trimmed candidate generator inside transformers' verification loop.
-- :mod:`.batched` — batch > 1 and ``num_return_sequences`` > 1: our own verification loop.
-- :mod:`.vocabulary` — the draft space (kept rows + context tokens) and draft-space logits processors.
+- :mod:`.engine` — the speculative engine: our own verification loop, at every batch size.
+- :mod:`.draft_step` — THE draft step every drafting loop uses (and the draft-space logits processors).
+- :mod:`.candidates` — the candidate generator inside transformers' loop (SSD sessions build on it).
+- :mod:`.vocabulary` — the draft space (kept rows + context tokens).
 - :mod:`.stats` — :class:`SpeculationStats`, what a call did.
 """
 
@@ -12,9 +13,10 @@ from __future__ import annotations
 from .candidates import TrimmedCandidateGenerator
 from .hooks import install, uninstall
 from .stats import SpeculationStats
-from .vocabulary import _VALUE_ONLY, DraftVocabulary, draft_space_processors, is_value_only  # noqa: F401
+from .draft_step import DraftStep, draft_space_processors
+from .vocabulary import _VALUE_ONLY, DraftVocabulary, is_value_only  # noqa: F401
 
-__all__ = ["DraftVocabulary", "SpeculationStats", "TrimmedCandidateGenerator", "draft_space_processors", "install",
+__all__ = ["DraftStep", "DraftVocabulary", "SpeculationStats", "TrimmedCandidateGenerator", "draft_space_processors", "install",
            "uninstall"]
 
 install()

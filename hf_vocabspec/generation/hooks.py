@@ -8,9 +8,10 @@ session object exposing ``_hf_vocabspec_candidate_generator``); every other call
 - ``_validate_generation_mode``: our checks first (vocabulary, tokenizer fingerprint, draft length), so a
   mismatched drafter gets our one-line fix instead of transformers' advice to use universal assisted decoding;
   ``num_return_sequences > 1`` is allowed for our drafters (the batched loop serves it).
-- ``_get_candidate_generator``: batch 1 drafts through :class:`TrimmedCandidateGenerator` inside HF's loop.
-- ``_assisted_decoding``: checks the inputs (ids in range, non-empty, left padding), enters the verify-time
-  head, and runs batch > 1 through our loop (:mod:`.batched`); an untrimmed assistant with the target's
+- ``_get_candidate_generator``: SSD sessions draft through their candidate generator inside HF's loop.
+- ``_assisted_decoding``: checks the inputs (ids in range, non-empty, left padding), refuses in one line what
+  cannot be kept exact (CFG, a prefilled cache, caches without per-row rollback, ...), enters the verify-time
+  head, and runs every batch size through our engine (:mod:`.engine`); an untrimmed assistant with the target's
   vocabulary, which transformers refuses at batch > 1, also runs there (its full head drafts).
 
 What moved in transformers and is absorbed here: the cache kwarg (``cache`` from 5.24, see
@@ -26,14 +27,14 @@ import weakref
 
 import torch
 from transformers import GenerationMixin
+from transformers.cache_utils import DynamicCache
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .. import verify_head as _verify_head
 from .._versions import check, supported_range
-from ..drafter import TrimmedDrafter, VocabularyMapError, check_draft_length, tokenizer_sha256
-from ..rdk import drafter_kernel
-from .batched import SPECULATION_MODES, BatchedSpeculation
+from ..drafter import TrimmedDrafter, VocabularyMapError, check_draft_length, forward_has_cache, tokenizer_sha256
 from .candidates import TrimmedCandidateGenerator
+from .engine import SPECULATION_MODES, SpeculativeEngine, unsupported_layer_types
 
 _ORIGINALS: dict[str, object] = {}
 _FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> sha256, hashed once
@@ -136,35 +137,111 @@ def batchable_plain_assistant(target, assistant, bound: dict) -> bool:
     return config.get_text_config().vocab_size == target.config.get_text_config().vocab_size
 
 
-def _batched(target, input_ids, logits_processor, stopping_criteria, generation_config, assistant, streamer,
-             model_kwargs):
-    """Batch > 1 through our loop: refuse what it does not serve, in one line each."""
+# model kwargs generate() hands the decoding method that the engine reproduces itself (the cache, the mask and the
+# position ids it derives from the mask, logits_to_keep, use_cache); any other model input is refused.
+_ENGINE_MODEL_KWARGS = {"attention_mask", "position_ids", "past_key_values", "cache", "use_cache", "logits_to_keep",
+                        "cache_position"}
+
+
+def _engine_refusal(target, assistant, input_ids, generation_config, model_kwargs, bound) -> str | None:
+    """Why the engine cannot serve this call exactly (one line naming what to do), or None."""
+    batch = input_ids.shape[0]
+    if target.config.is_encoder_decoder:
+        return "hf_vocabspec drafts for decoder-only targets: generate without assistant_model for this model."
+    if generation_config.assistant_ensemble_weight is not None:
+        return ("assistant_ensemble_weight makes verification lossy; hf_vocabspec only does lossless speculative "
+                "decoding. Remove `assistant_ensemble_weight`.")
+    if bound.get("synced_gpus"):
+        return "synced_gpus=True is not supported with speculative decoding: drop it (one process per model)."
+    if generation_config.guidance_scale is not None and generation_config.guidance_scale != 1:
+        return ("guidance_scale (classifier-free guidance) cannot be kept exact with a drafter: generate without "
+                "assistant_model, or drop guidance_scale.")
+    for flag in ("output_attentions", "output_hidden_states"):
+        if getattr(generation_config, flag, False):
+            return f"{flag}=True is not supported with speculative decoding: drop it or generate without assistant_model."
+    if batch > 1:
+        for flag in ("output_scores", "output_logits"):
+            if getattr(generation_config, flag, False):
+                return (f"{flag}=True is supported at batch 1 with a drafter: drop it or generate one prompt at a "
+                        "time.")
+    extra = sorted(k for k, v in model_kwargs.items() if v is not None and k not in _ENGINE_MODEL_KWARGS)
+    if extra:
+        return (f"Speculative decoding with hf_vocabspec takes input_ids and attention_mask only, not {extra}: "
+                "generate without assistant_model for these inputs.")
+    if model_kwargs.get("use_cache") is False:
+        return "Speculative decoding needs the KV cache: drop use_cache=False."
+    cache = model_kwargs.get("past_key_values", model_kwargs.get("cache"))
+    if cache is None or not forward_has_cache(type(target)):
+        return (f"{type(target).__name__} has no KV cache that generate can prepare, so its drafts cannot be verified "
+                "exactly: generate without assistant_model.")
+    if getattr(cache, "_is_user_defined", False):
+        return ("A prefilled or user-made past_key_values cannot be rolled back row by row: pass the whole prompt "
+                "as input_ids and no past_key_values.")
+    if type(cache) is not DynamicCache or getattr(cache, "offloading", False):
+        return (f"cache_implementation={generation_config.cache_implementation!r} ({type(cache).__name__}) is not "
+                "supported with speculative decoding: use the default dynamic cache.")
+    for model, role in ((target, "target"), (assistant, "drafter")):
+        config = model.model.config if isinstance(model, TrimmedDrafter) else model.config
+        bad = unsupported_layer_types(config)
+        if bad:
+            return (f"The {role}'s cache has {bad} layers, whose states cannot be rolled back per row: generate "
+                    "without assistant_model.")
+    position_ids = model_kwargs.get("position_ids")
+    mask = model_kwargs.get("attention_mask")
+    if position_ids is not None:
+        real = mask.bool() if mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
+        derived = (real.long().cumsum(-1) - 1).clamp(min=0)
+        if position_ids.shape != input_ids.shape or bool((position_ids != derived)[real].any()):
+            return ("Custom position_ids are not supported with speculative decoding (the engine derives them from "
+                    "the attention mask): drop position_ids.")
+    return None
+
+
+def _run_engine(target, assistant, bound: dict):
+    """Every call with one of our drafters (and an untrimmed assistant at batch > 1) runs in our engine."""
+    input_ids = bound["input_ids"]
+    generation_config = bound["generation_config"]
+    model_kwargs = dict(bound.get("model_kwargs", {}))
     if getattr(assistant, "_hf_vocabspec_candidate_generator", None) is not None:
         raise ValueError("SSD runs at batch 1: call generate once per prompt with the SSD session, or pass the "
                          "trimmed drafter itself as assistant_model for batched generation.")
-    if streamer is not None:
-        raise ValueError("Streamers support batch 1 (as in transformers): generate one prompt at a time to stream.")
-    if generation_config.do_sample and getattr(assistant, "use_rdk", False) and drafter_kernel(assistant) is not None:
-        raise ValueError("RDK sampling runs at batch 1: set drafter.use_rdk = False for batched generation, or "
-                         "generate one prompt at a time.")
-    for flag in ("output_attentions", "output_hidden_states", "output_scores", "output_logits"):
-        if getattr(generation_config, flag, False):
-            raise ValueError(f"{flag}=True is supported at batch 1 only with a trimmed drafter: drop it or "
-                             "generate one prompt at a time.")
+    reason = _engine_refusal(target, assistant, input_ids, generation_config, model_kwargs, bound)
+    if reason:
+        raise ValueError(reason)
     speculation = getattr(assistant.generation_config, "batched_speculation", "auto")
     if speculation not in SPECULATION_MODES:
         raise ValueError(f"drafter.generation_config.batched_speculation must be one of {SPECULATION_MODES} "
                          f"(got {speculation!r}).")
-    if isinstance(assistant, TrimmedDrafter):
-        assistant.validate_vocab_map()
-    loop = BatchedSpeculation(target, assistant, input_ids, logits_processor, stopping_criteria, generation_config,
-                              model_kwargs.get("attention_mask"), _draft_length(assistant, generation_config),
-                              speculation)
-    sequences = loop.run()
-    assistant.last_speculation_stats = loop.stats
+    stopping = bound.get("stopping_criteria")
+    engine = SpeculativeEngine(
+        target, assistant, input_ids, bound.get("logits_processor"), stopping, generation_config,
+        attention_mask=model_kwargs.get("attention_mask"),
+        target_cache=model_kwargs.get("past_key_values", model_kwargs.get("cache")),
+        num_draft_tokens=_draft_length(assistant, generation_config),
+        confidence_threshold=_assistant_setting(assistant, generation_config, "assistant_confidence_threshold") or 0.0,
+        schedule=_assistant_setting(assistant, generation_config, "num_assistant_tokens_schedule") or "constant",
+        speculation=speculation, streamer=bound.get("streamer"),
+        keep_scores=bool(generation_config.return_dict_in_generate and generation_config.output_scores),
+        keep_logits=bool(generation_config.return_dict_in_generate and generation_config.output_logits))
+    sequences = engine.run()
+    assistant.last_speculation_stats = engine.stats
     if generation_config.return_dict_in_generate:
-        return GenerateDecoderOnlyOutput(sequences=sequences)
+        return GenerateDecoderOnlyOutput(sequences=sequences, scores=tuple(engine.scores) or None,
+                                         logits=tuple(engine.raw_logits) or None)
     return sequences
+
+
+def _assistant_setting(assistant, generation_config, name: str):
+    """A drafting setting: a value passed to generate() (anything but the library default) wins over the
+    drafter's own generation_config (transformers ignores it, #40739)."""
+    default = generation_config._get_default_generation_params().get(name)
+    passed = getattr(generation_config, name, None)
+    if passed is not None and passed != default:
+        return passed
+    own = getattr(assistant.generation_config, name, None)
+    if not isinstance(assistant, TrimmedDrafter) and own == default:
+        return None  # an untrimmed assistant left at transformers' defaults (meant for its batch-1 schedule)
+    return own
 
 
 def install() -> None:
@@ -214,15 +291,13 @@ def install() -> None:
         if not is_ours(assistant):
             if input_ids.shape[0] > 1 and batchable_plain_assistant(self, assistant, bound):
                 check_inputs(self, assistant, input_ids, model_kwargs.get("attention_mask"))
-                return _batched(self, input_ids, bound.get("logits_processor"), bound.get("stopping_criteria"),
-                                bound["generation_config"], assistant, bound.get("streamer"), model_kwargs)
+                return _run_engine(self, assistant, bound)
             return assisted(self, *args, **kwargs)
         check_inputs(self, assistant, input_ids, model_kwargs.get("attention_mask"))
+        if getattr(assistant, "_hf_vocabspec_candidate_generator", None) is not None and input_ids.shape[0] == 1:
+            return assisted(self, *args, **kwargs)  # SSD: its candidate generator inside transformers' loop
         with _verify_head.verify_head(self, enabled=_verify_head.wants_verify_head(assistant)):
-            if input_ids.shape[0] == 1:
-                return assisted(self, *args, **kwargs)
-            return _batched(self, input_ids, bound.get("logits_processor"), bound.get("stopping_criteria"),
-                            bound["generation_config"], assistant, bound.get("streamer"), model_kwargs)
+            return _run_engine(self, assistant, bound)
 
     _get_candidate_generator.__wrapped__ = get_generator
     _validate_generation_mode.__wrapped__ = validate

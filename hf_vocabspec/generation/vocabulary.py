@@ -1,26 +1,18 @@
-"""The draft space of one generate call: which target ids the drafter scores, and the target's logits
-processors translated to act on those scores.
+"""The draft space of one generate call: which target ids the drafter scores.
 
-``DraftVocabulary`` is the K kept head rows plus context tokens; ``draft_space_processors`` maps each of the
-target's processors onto draft-space logits (value-only warpers as they are, id-indexed ones through the
-draft-index map, unknown ones through the full vocabulary). Both serve the batch-1 candidate generator and the
-batched loop; the batched loop shares ONE vocabulary across rows (the union of their context tokens: one head
-matmul for the batch, and any q is exact because verification corrects it).
+``DraftVocabulary`` is the K kept head rows plus context tokens. A batch shares ONE vocabulary across rows (the
+union of their context tokens: one head matmul for the batch, and any q is exact because verification corrects
+it). The processors acting on draft-space logits live with the draft step (:mod:`.draft_step`).
 """
 
 from __future__ import annotations
-
-import warnings
 
 import torch
 from transformers.generation.logits_process import (
     EpsilonLogitsWarper,
     EtaLogitsWarper,
     LogitNormalization,
-    MinLengthLogitsProcessor,
-    MinNewTokensLengthLogitsProcessor,
     MinPLogitsWarper,
-    RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
@@ -117,89 +109,6 @@ class DraftVocabulary:
         return out
 
 
-class _DraftRepetitionPenalty:
-    """RepetitionPenaltyLogitsProcessor on draft-space logits: map context ids to draft indices first."""
-
-    def __init__(self, proc: RepetitionPenaltyLogitsProcessor, vocab: DraftVocabulary):
-        self.penalty = proc.penalty
-        self.prompt_ignore_length = proc.prompt_ignore_length
-        self.vocab = vocab
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
-        out = scores
-        for row in range(input_ids.shape[0]):  # each row penalises its own context
-            ids = input_ids[row]
-            if isinstance(self.prompt_ignore_length, int):
-                ids = ids[self.prompt_ignore_length :]
-            elif isinstance(self.prompt_ignore_length, torch.Tensor):
-                ids = ids[int(self.prompt_ignore_length[row if self.prompt_ignore_length.numel() > 1 else 0]) :]
-            draft_ids = self.vocab.t2d[ids]
-            draft_ids = torch.unique(draft_ids[draft_ids >= 0])[None, :]
-            picked = out[row : row + 1].gather(1, draft_ids)
-            picked = torch.where(picked < 0, picked * self.penalty, picked / self.penalty)
-            out = out.clone() if out is scores else out
-            out[row : row + 1] = out[row : row + 1].scatter(1, draft_ids, picked)
-        return out
-
-
-class _DraftMinLength:
-    """Min-length / min-new-tokens processors: mask the (kept) EOS rows while the sequence is too short."""
-
-    def __init__(self, proc, vocab: DraftVocabulary):
-        self.min_length = getattr(proc, "min_length", None)
-        self.prompt_length_to_skip = getattr(proc, "prompt_length_to_skip", 0)
-        self.min_new_tokens = getattr(proc, "min_new_tokens", None)
-        eos = vocab.t2d[proc.eos_token_id.flatten().to(vocab.t2d.device)]  # EOS is always a kept row
-        self.eos_draft_ids = eos[eos >= 0]
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
-        if self.min_new_tokens is not None:
-            too_short = input_ids.shape[-1] - self.prompt_length_to_skip < self.min_new_tokens
-        else:
-            too_short = input_ids.shape[-1] < self.min_length
-        if too_short and self.eos_draft_ids.numel():
-            scores = scores.clone()
-            scores[:, self.eos_draft_ids] = float("-inf")
-        return scores
-
-
-class _FullVocabFallback:
-    """Any other (id-indexed) processor: apply it on the full vocabulary, read back the kept rows.
-
-    Correct for every processor but O(V) per drafted token; only used for processors we do not know.
-    """
-
-    def __init__(self, proc, vocab: DraftVocabulary):
-        self.proc = proc
-        self.vocab = vocab
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
-        full = self.vocab.scatter(scores)
-        return self.proc(input_ids, full)[..., self.vocab.ids]
-
-
 def is_value_only(proc) -> bool:
     """Whether a processor reads only logit values (no token ids, no lengths): safe to apply to any rows."""
     return isinstance(proc, _VALUE_ONLY)
-
-
-def draft_space_processors(logits_processor, vocab: DraftVocabulary) -> list:
-    """Translate the target's logits processors to act on draft-space logits (over ``vocab.ids``)."""
-    out = []
-    for proc in logits_processor or []:
-        if isinstance(proc, _VALUE_ONLY):
-            out.append(proc)
-        elif isinstance(proc, RepetitionPenaltyLogitsProcessor):
-            out.append(_DraftRepetitionPenalty(proc, vocab))
-        elif isinstance(proc, (MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor)):
-            out.append(_DraftMinLength(proc, vocab))
-        else:
-            warnings.warn(
-                f"hf_vocabspec: {type(proc).__name__} is applied to drafts over the full vocabulary "
-                "(correct, but O(vocab) per drafted token).",
-                stacklevel=3,
-            )
-            out.append(_FullVocabFallback(proc, vocab))
-    return out
-
-

@@ -24,7 +24,6 @@ from transformers.cache_utils import DynamicCache
 
 from ..drafter import TrimmedDrafter, cache_kwarg
 from ..generation import TrimmedCandidateGenerator
-from ..generation.vocabulary import is_value_only
 from .cache import Branch, Drafts, SpeculationCache, full_log_q
 from .config import SSDConfig, SSDStats, fix_draft_length
 from .outcomes import Outcome, observe_outcome, predict_outcomes
@@ -63,7 +62,7 @@ class SSDCandidateGenerator(TrimmedCandidateGenerator):
         body = self.drafter.model.config
         layer_types = getattr(body, "layer_types", None) or []
         self.window = getattr(body, "sliding_window", None) if "sliding_attention" in layer_types else None
-        self.value_only = all(is_value_only(p) for p in self.draft_processors)
+        self.value_only = self.step.value_only
         self.stats = SSDStats(mode=self.ssd_config.mode)
         self.drafter.last_speculation_stats = self.stats
         self.speculation = SpeculationCache()
@@ -165,35 +164,16 @@ class SSDCandidateGenerator(TrimmedCandidateGenerator):
 
     # --- sampling -------------------------------------------------------------------------------------------
     def _process(self, seqs: list[torch.Tensor], logits: torch.Tensor) -> torch.Tensor:
-        """Apply the draft-space processors row by row (batched when they only read logit values)."""
-        if self.value_only:
-            for proc in self.draft_processors:
-                logits = proc(seqs[0][None], logits)
-            return logits
-        rows = []
-        for i, seq in enumerate(seqs):
-            row = logits[i : i + 1]
-            for proc in self.draft_processors:
-                row = proc(seq[None], row)
-            rows.append(row)
-        return torch.cat(rows)
+        """The draft step's processors (every tree branch is a continuation of the one original row 0)."""
+        return self.step.process(logits, seqs, [0] * logits.shape[0])
 
     def _sample(self, logits: torch.Tensor):
         return sample_drafts(logits, do_sample=self.do_sample, fan_out=self.ssd_config.fan_out,
                              scale=self.ssd_config.saguaro_scale)
 
     def _to_tokens(self, idx: torch.Tensor) -> torch.Tensor:
-        """Draft indices -> target ids (RDK moves kept draws to a neighbour, exactly as in ordinary drafting)."""
-        tokens = self.vocab.ids[idx]
-        if self.vocab.num_context:  # (a device sync: skipped when there is nothing to count)
-            self.stats.context_proposed += int((idx >= self.vocab.k).sum())
-        if self.rdk is not None:
-            kept = idx < self.vocab.k
-            if bool(kept.any()):
-                moved = self.rdk.sample(idx.clamp_max(self.vocab.k - 1))
-                tokens = torch.where(kept, moved, tokens)
-                self.stats.pruned_proposed += int((tokens != self.vocab.ids[idx]).sum())
-        return tokens
+        """Draft indices -> target ids through the draft step (RDK moves kept draws, as in ordinary drafting)."""
+        return self.step.to_tokens(idx)
 
     def _is_eos(self, tokens: torch.Tensor) -> torch.Tensor:
         if self.eos is None:

@@ -1,0 +1,303 @@
+"""THE draft step: what every drafting loop does with one drafter position, in one place.
+
+Every loop drafts through :class:`DraftStep`: the speculative engine (:mod:`.engine`, every batch size), the
+candidate generator inside transformers' loop (:mod:`.candidates`, SSD sessions) and SSD's inline and tree
+drafting (:mod:`hf_vocabspec.ssd.generator`). A step is: the drafter's forward on its cache, the draft-space
+logits (kept head rows + context tokens, or the full head of an untrimmed assistant), the target's processors
+translated to draft space, the draw (argmax or a sample), the map to target ids (RDK may move a kept draw to a
+pruned neighbour), the confidence stop, and the exact law q the draw came from (:meth:`DraftStep.q_target`).
+
+Which processors act on drafts: value-only warpers as they are; repetition penalty and min-length translated to
+draft ids; ``prefix_allowed_tokens_fn`` called with the row's ORIGINAL batch index; transformers' other (pure)
+processors through the full vocabulary (O(V), warned once). A processor written outside transformers is not
+applied to drafts: it may keep per-row state that extra calls on drafted text would disturb. That costs only
+acceptance, never exactness: the target's processors run on every verified position.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import DynamicCache
+from transformers.generation.logits_process import (
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+    PrefixConstrainedLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+)
+
+from ..drafter import TrimmedDrafter, cache_kwarg
+from ..rdk import drafter_kernel
+from .stats import SpeculationStats
+from .vocabulary import DraftVocabulary, is_value_only
+
+
+@dataclass
+class DraftedToken:
+    """One drafted position for every row of a batch."""
+
+    idx: torch.Tensor  # (B, 1) draft-space index of the draw
+    token: torch.Tensor  # (B, 1) target id (RDK may have moved a kept draw to a pruned neighbour)
+    probs: torch.Tensor | None  # (B, n_ids) the law the draw came from (sampling only), over the draft space
+    unsure: torch.Tensor  # (B,) bool: the drafter gave its draw less than the confidence threshold
+
+
+class _RowAware:
+    """A draft-space processor that needs each row's original batch index (``row_ids``)."""
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor, row_ids: list[int]) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class _DraftRepetitionPenalty(_RowAware):
+    """RepetitionPenaltyLogitsProcessor on draft-space logits: each row penalises its own context's draft ids."""
+
+    def __init__(self, proc: RepetitionPenaltyLogitsProcessor, vocab: DraftVocabulary | None):
+        self.penalty = proc.penalty
+        self.prompt_ignore_length = proc.prompt_ignore_length
+        self.vocab = vocab
+
+    def __call__(self, input_ids, scores, row_ids):
+        out = scores.clone()
+        for row in range(input_ids.shape[0]):
+            ids = input_ids[row]
+            ignore = self.prompt_ignore_length
+            if isinstance(ignore, torch.Tensor):  # one per original row
+                ignore = ignore[row_ids[row] if ignore.numel() > 1 else 0]
+            if ignore is not None:
+                ids = ids[int(ignore):]
+            draft_ids = self.vocab.t2d[ids] if self.vocab is not None else ids
+            draft_ids = torch.unique(draft_ids[draft_ids >= 0])[None, :]
+            picked = out[row : row + 1].gather(1, draft_ids)
+            picked = torch.where(picked < 0, picked * self.penalty, picked / self.penalty)
+            out[row : row + 1] = out[row : row + 1].scatter(1, draft_ids, picked)
+        return out
+
+
+class _DraftMinLength(_RowAware):
+    """Min-length / min-new-tokens processors: mask the (kept) EOS rows while the sequence is too short."""
+
+    def __init__(self, proc, vocab: DraftVocabulary | None):
+        self.min_length = getattr(proc, "min_length", None)
+        self.prompt_length_to_skip = getattr(proc, "prompt_length_to_skip", 0)
+        self.min_new_tokens = getattr(proc, "min_new_tokens", None)
+        eos = proc.eos_token_id.flatten()
+        if vocab is not None:
+            eos = vocab.t2d[eos.to(vocab.t2d.device)]
+        self.eos_draft_ids = eos[eos >= 0]
+
+    def __call__(self, input_ids, scores, row_ids):
+        if self.min_new_tokens is not None:
+            too_short = input_ids.shape[-1] - self.prompt_length_to_skip < self.min_new_tokens
+        else:
+            too_short = input_ids.shape[-1] < self.min_length
+        if too_short and self.eos_draft_ids.numel():
+            scores = scores.clone()
+            scores[:, self.eos_draft_ids.to(scores.device)] = float("-inf")
+        return scores
+
+
+class _DraftPrefixConstrained(_RowAware):
+    """``prefix_allowed_tokens_fn(batch_id, sent)`` on drafts, with the row's original batch index."""
+
+    def __init__(self, proc: PrefixConstrainedLogitsProcessor, vocab: DraftVocabulary | None):
+        self.fn = proc._prefix_allowed_tokens_fn
+        self.num_beams = proc._num_beams
+        self.vocab = vocab
+
+    def __call__(self, input_ids, scores, row_ids):
+        mask = torch.full_like(scores, float("-inf"))
+        for row in range(input_ids.shape[0]):
+            allowed = torch.as_tensor(self.fn(row_ids[row] // self.num_beams, input_ids[row]), dtype=torch.long,
+                                      device=scores.device).reshape(-1)
+            if self.vocab is not None:
+                allowed = self.vocab.t2d[allowed.to(self.vocab.t2d.device)]
+                allowed = allowed[allowed >= 0].to(scores.device)
+            mask[row, allowed] = 0
+        return scores + mask
+
+
+class _FullVocabFallback(_RowAware):
+    """One of transformers' own (pure) processors: applied on the full vocabulary, kept rows read back. O(V)."""
+
+    def __init__(self, proc, vocab: DraftVocabulary):
+        self.proc = proc
+        self.vocab = vocab
+
+    def __call__(self, input_ids, scores, row_ids):
+        return self.proc(input_ids, self.vocab.scatter(scores))[..., self.vocab.ids]
+
+
+def _from_transformers(proc) -> bool:
+    return type(proc).__module__.startswith("transformers.")
+
+
+def draft_space_processors(logits_processor, vocab: DraftVocabulary | None) -> list:
+    """The target's processors as they act on draft-space logits (over ``vocab.ids``; the full vocabulary when
+    ``vocab`` is None). See the module docstring for which ones act on drafts."""
+    out = []
+    for proc in logits_processor or []:
+        if is_value_only(proc):
+            out.append(proc)
+        elif isinstance(proc, RepetitionPenaltyLogitsProcessor):
+            out.append(_DraftRepetitionPenalty(proc, vocab))
+        elif isinstance(proc, (MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor)):
+            out.append(_DraftMinLength(proc, vocab))
+        elif isinstance(proc, PrefixConstrainedLogitsProcessor):
+            out.append(_DraftPrefixConstrained(proc, vocab))
+        elif not _from_transformers(proc):
+            continue  # verification applies it; drafts skip it (see the module docstring)
+        elif vocab is None:
+            out.append(_Plain(proc))
+        else:
+            warnings.warn(f"hf_vocabspec: {type(proc).__name__} is applied to drafts over the full vocabulary "
+                          "(exact, but O(vocabulary) per drafted token).", stacklevel=3)
+            out.append(_FullVocabFallback(proc, vocab))
+    return out
+
+
+class _Plain(_RowAware):
+    """A transformers processor on an untrimmed assistant's full-vocabulary logits."""
+
+    def __init__(self, proc):
+        self.proc = proc
+
+    def __call__(self, input_ids, scores, row_ids):
+        return self.proc(input_ids, scores)
+
+
+def engine_cache(config) -> DynamicCache:
+    """A cache with the layer types the config declares (transformers' own construction), ready for rollback."""
+    cache = DynamicCache(config=config)
+    cache.activate_past_recording()
+    return cache
+
+
+class DraftStep:
+    """One drafter position for a batch of rows (see the module docstring). Holds the call's draft space."""
+
+    def __init__(self, assistant, logits_processor, *, do_sample: bool, confidence_threshold: float = 0.0,
+                 stats: SpeculationStats | None = None):
+        self.model = assistant
+        self.trimmed = isinstance(assistant, TrimmedDrafter)
+        self.do_sample = bool(do_sample)
+        self.confidence_threshold = float(confidence_threshold or 0.0)
+        self.stats = stats if stats is not None else SpeculationStats()
+        self.vocab = None
+        self.rdk = None
+        if self.trimmed:
+            assistant.validate_vocab_map()
+            self.vocab = DraftVocabulary(assistant, bool(getattr(assistant, "use_context_tokens", False)),
+                                         int(assistant.config.max_context_tokens))
+            if self.do_sample and getattr(assistant, "use_rdk", False):
+                kernel = drafter_kernel(assistant)
+                self.rdk = kernel.to(assistant.device) if kernel is not None else None
+        self.processors = draft_space_processors(logits_processor, self.vocab)
+        self.value_only = all(is_value_only(p) for p in self.processors)
+
+    # --- the drafter's forward ----------------------------------------------------------------------------
+    @property
+    def body(self):
+        """The module whose forward the cache belongs to (a trimmed drafter's body, else the whole model)."""
+        return self.model.model if self.trimmed else self.model
+
+    def new_cache(self) -> DynamicCache:
+        config = self.model.model.config if self.trimmed else self.model.config.get_text_config(decoder=True)
+        return engine_cache(config)
+
+    def hidden(self, input_ids, cache, attention_mask=None, position_ids=None, **kwargs) -> torch.Tensor:
+        """Last hidden states (trimmed drafter) of a forward on ``cache``; (B, n, hidden)."""
+        out = self.body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                        use_cache=True, **kwargs, **{cache_kwarg(self.body): cache})
+        return out.last_hidden_state
+
+    def logits(self, input_ids, cache, attention_mask=None, position_ids=None) -> torch.Tensor:
+        """Draft-space logits (B, n_ids) float32 at the last fed position."""
+        if self.trimmed:
+            return self.vocab.logits(self.hidden(input_ids, cache, attention_mask, position_ids)[:, -1]).float()
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=True, logits_to_keep=1, **{cache_kwarg(self.model): cache})
+        return out.logits[:, -1].float()
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft-space logits of hidden states (trimmed drafters; SSD's tree steps)."""
+        return self.vocab.logits(hidden).float()
+
+    # --- processors, draw, target ids ---------------------------------------------------------------------
+    def process(self, logits: torch.Tensor, contexts, row_ids: list[int] | None = None) -> torch.Tensor:
+        """The draft-space processors. ``contexts``: a (B, n) tensor, or one 1-D sequence per row in the layout
+        the target's processors see (prompt as given + generated + drafts so far); ``row_ids``: each row's
+        original batch index."""
+        if not self.processors:
+            return logits
+        if self.value_only:
+            for proc in self.processors:
+                logits = proc(contexts if isinstance(contexts, torch.Tensor) else None, logits)
+            return logits
+        row_ids = list(range(logits.shape[0])) if row_ids is None else row_ids
+        rows = []
+        for b in range(logits.shape[0]):
+            seq = contexts[b][None]
+            row = logits[b : b + 1]
+            for proc in self.processors:
+                row = proc(seq, row, [row_ids[b]]) if isinstance(proc, _RowAware) else proc(seq, row)
+            rows.append(row)
+        out = torch.cat(rows)
+        dead = ~torch.isfinite(out).any(dim=-1)  # nothing allowed in draft space: draft unconstrained
+        return torch.where(dead[:, None], logits, out) if bool(dead.any()) else out
+
+    def draw(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(idx (B, 1), probs (B, n_ids) or None): argmax, or a sample from softmax(logits)."""
+        if self.do_sample:
+            probs = logits.softmax(dim=-1)
+            return torch.multinomial(probs, 1), probs
+        return logits.argmax(dim=-1, keepdim=True), None
+
+    def to_tokens(self, idx: torch.Tensor) -> torch.Tensor:
+        """Draft indices -> target ids; RDK moves kept draws to a neighbour (j ~ M[i])."""
+        if self.vocab is None:
+            return idx
+        tokens = self.vocab.ids[idx]
+        if self.vocab.num_context:  # (a device sync: skipped when there is nothing to count)
+            self.stats.context_proposed += int((idx >= self.vocab.k).sum())
+        if self.rdk is not None:
+            kept = idx < self.vocab.k
+            if bool(kept.any()):
+                moved = self.rdk.sample(idx.clamp_max(self.vocab.k - 1))
+                moved = torch.where(kept, moved, tokens)
+                self.stats.pruned_proposed += int((moved != tokens).sum())
+                tokens = moved
+        return tokens
+
+    def is_unsure(self, logits: torch.Tensor, idx: torch.Tensor, probs: torch.Tensor | None) -> torch.Tensor:
+        """transformers' ConfidenceCriteria: the drafter's probability of its own draw is below the threshold
+        (greedy or sampled: the stop depends on the drafter's draws only, so verification stays exact)."""
+        if not self.confidence_threshold:
+            return torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
+        probs = probs if probs is not None else logits.softmax(dim=-1)
+        return probs.gather(-1, idx)[:, 0] < self.confidence_threshold
+
+    def __call__(self, input_ids, cache, contexts, row_ids=None, attention_mask=None,
+                 position_ids=None) -> DraftedToken:
+        """Feed ``input_ids`` after ``cache`` and draft the next position of every row."""
+        logits = self.process(self.logits(input_ids, cache, attention_mask, position_ids), contexts, row_ids)
+        idx, probs = self.draw(logits)
+        token = self.to_tokens(idx)
+        self.stats.draft_steps += 1
+        return DraftedToken(idx, token, probs, self.is_unsure(logits, idx, probs))
+
+    # --- the exact law --------------------------------------------------------------------------------------
+    def q_target(self, probs: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """(..., n_ids) draft-space law -> (..., V) the law of the TARGET id a draft step returns (RDK: q_RDK =
+        M^T q' plus the context tokens' own mass)."""
+        if self.vocab is None:
+            return probs[..., :vocab_size] if probs.shape[-1] > vocab_size else probs
+        if self.rdk is not None:
+            k = self.vocab.k
+            q = self.rdk.redistribute(probs[..., :k])
+            if self.vocab.num_context:
+                q.index_add_(-1, self.vocab.ids[k:], probs[..., k:])
+            return q
+        return self.vocab.scatter(probs, fill=0.0)

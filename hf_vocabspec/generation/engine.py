@@ -1,0 +1,637 @@
+"""The speculative engine: hf_vocabspec's own verification loop, at every batch size (and ``num_return_sequences``).
+
+Why our own loop at batch 1 too: transformers' assisted loop checks stopping criteria once per round, after
+acceptance, so a criterion (``stop_strings``, an evaluation harness's stop sequence) that fires mid-round keeps the
+tokens accepted after it; it refuses batch > 1 (issue #32165). This loop serves every batch size the same way.
+
+**What processors, criteria and streamers see is what target-only generate shows them** (transformers'
+``_sample``): the WHOLE batch, rows in the caller's order and index, each row its prompt columns as given (left
+padding included) followed by its generated tokens; a finished row stays in the batch and receives
+``pad_token_id``.
+- Logits processors run at every verified position. Rows sit at different lengths inside a round, so the
+  processors are called once per distinct length t (the rows verifying a position at length t get their
+  scores; every other row shows what it holds at t: its real tokens, or pads once it has no more). Value-only
+  warpers (temperature, top-k/p, ...) read no ids and run once on all positions.
+- Stopping criteria and the streamer run LAZILY, in target-only's order: step t is committed once every
+  unfinished row holds its token t, with exactly the (B, P + t) ids target-only would pass. A criterion that
+  fires ends the row at t: tokens it accepted after t are dropped (no token after a stop is emitted), and it
+  leaves the compute batch. EOS and the length budget end rows eagerly (they are the same criteria, exact).
+
+**Caches.** The target's cache is the one transformers' generate prepared for it (the model's own layer types);
+the drafter's is built the same way from its config. Rows are kept RIGHT-ALIGNED (left-pad realignment, as in
+"Batch Speculative Decoding Done Right", arXiv 2510.22876): after each round the rows that accepted fewer drafts
+shift right, so every row ends at the same column, padding lives only on the left (masked) and per-row position
+ids count only real tokens. Attention layers (full, sliding, chunked: the window comes from the mask, so sliding
+layers are held at full length) and indexer layers shift their columns; convolution layers (LFM2) roll back
+per row. Layers that cannot be rolled back per row (recurrent states) are refused before any forward.
+
+Invariants between rounds (``seq``: (B, T) tokens of the computing rows, right-aligned, ``pad[b]`` masked
+columns on the left): the target cache holds columns [0, T-1), the drafter cache [0, D) with D <= T-2. A round:
+the drafter feeds seq[:, D:] then its drafts (one :class:`~.draft_step.DraftStep` per position; a row stops
+drafting after an unsure draft or an EOS), the target verifies [last, d_1..d_L] in one forward, each row accepts
+n_b drafts plus one token of the target (greedy: argmax; sampling: accept/resample against the exact q).
+
+Fallback (batch > 1): with ``batched_speculation="auto"`` the loop times its first rounds and plain decode
+steps of the same call and decodes plainly when the round model (:class:`hf_vocabspec.cost.RoundModel`) says
+speculation does not pay; "on" / "off" force it. The decision is in the stats.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import (
+    DummyLayer,
+    DynamicCache,
+    DynamicIndexedLayer,
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    LinearAttentionLayer,
+)
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+
+from ..cost import RoundModel
+from ..drafter import cache_kwarg
+from .draft_step import DraftStep
+from .stats import SpeculationStats
+from .vocabulary import is_value_only
+
+SPECULATION_MODES = ("auto", "on", "off")
+# Rounds timed before the auto decision (the first round also pays the prefill, so it is not timed).
+PROBE_ROUNDS = 3
+# Plain decode steps timed for the decision (the fastest counts: the first calls of a new shape pay one-off costs).
+PROBE_PLAIN_STEPS = 2
+# Cache layer types (a config's ``layer_types``) the engine can roll back row by row.
+SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "indexed_attention", "conv",
+                         "dummy", "moe", "mlp")
+
+
+@dataclass
+class _Timed:
+    """One timed speculative round: wall seconds, of which drafting, draft steps, rows, tokens emitted."""
+
+    seconds: float
+    draft_s: float
+    draft_steps: int
+    rows: int
+    emitted: int
+
+
+@dataclass
+class _Round:
+    """One round's outcome for the computing rows."""
+
+    accepted: torch.Tensor  # (B,) drafts accepted per row
+    new_tokens: torch.Tensor  # (B,) the target's token after the accepted drafts
+
+
+def unsupported_layer_types(config) -> list[str]:
+    """Cache layer types of ``config`` the engine cannot roll back per row (empty: all supported)."""
+    types = getattr(config.get_text_config(decoder=True), "layer_types", None) or []
+    return sorted({t for t in types if t not in SUPPORTED_LAYER_TYPES})
+
+
+class _AlignedCache:
+    """A cache whose rows are right-aligned: realign / compact / repeat / crop on every layer type it holds."""
+
+    def __init__(self, cache: DynamicCache):
+        cache.activate_past_recording()  # convolution states keep their history until the round's rollback
+        for i, layer in enumerate(cache.layers):
+            if isinstance(layer, DynamicSlidingWindowLayer):  # the mask applies the window; keep all columns
+                cache.layers[i] = DynamicLayer()
+        if cache.layer_class_to_replicate is DynamicSlidingWindowLayer:
+            cache.layer_class_to_replicate = DynamicLayer
+        self.cache = cache
+        self.length = 0  # columns of the attention layers
+
+    @staticmethod
+    def _columns(layer):
+        """(attribute, batch dim, column dim) of a layer's column-aligned tensors."""
+        if isinstance(layer, (DummyLayer, LinearAttentionLayer)) or getattr(layer, "keys", None) is None:
+            return []
+        out = [("keys", 0, 2), ("values", 0, 2)]
+        if isinstance(layer, DynamicIndexedLayer):
+            out += [("indexer_keys", 0, 1), ("indexer_position_ids", 1, 2)]
+        return [(n, b, s) for n, b, s in out if getattr(layer, n, None) is not None and getattr(layer, n).numel()]
+
+    @staticmethod
+    def _conv(layer):
+        if not isinstance(layer, LinearAttentionLayer):
+            return []
+        return [i for i in range(layer.number_of_states) if layer.is_conv_states_initialized[i]]
+
+    def grew(self, n: int) -> None:
+        self.length += n
+
+    def keep(self, keep: torch.Tensor, new_length: int) -> None:
+        """Row b keeps its first ``keep[b]`` columns, shifted right so that every row ends at ``new_length``.
+
+        In place: only the rows that shift are copied (grouped by shift); convolution states drop each row's
+        rejected tail and go back to their kernel size."""
+        shift = new_length - keep
+        groups = [(int(s), (shift == s).nonzero().flatten()) for s in torch.unique(shift).tolist() if s > 0]
+        removed = self.length - keep
+        for layer in self.cache.layers:
+            for name, bdim, sdim in self._columns(layer):
+                t = getattr(layer, name)
+                for s, rows in groups:
+                    dst = t.narrow(sdim, s, new_length - s)
+                    src = t.narrow(sdim, 0, new_length - s).index_select(bdim, rows)  # copies before writing
+                    dst.index_copy_(bdim, rows, src)
+                setattr(layer, name, t.narrow(sdim, 0, new_length))
+            for i in self._conv(layer):
+                layer.conv_states[i] = self._roll_back_conv(layer.conv_states[i], removed, layer.conv_kernel_size[i])
+        self.length = new_length
+
+    @staticmethod
+    def _roll_back_conv(state: torch.Tensor, removed: torch.Tensor, kernel: int) -> torch.Tensor:
+        """(B, C, W) recorded conv inputs -> (B, C, kernel): each row's last ``kernel`` inputs before its
+        ``removed[b]`` rejected ones (zeros before the sequence start, as a causal convolution assumes)."""
+        B, C, W = state.shape
+        padded = torch.nn.functional.pad(state, (kernel, 0))
+        out = state.new_empty((B, C, kernel))
+        for r in torch.unique(removed).tolist():
+            rows = (removed == r).nonzero().flatten()
+            end = W + kernel - int(r)
+            out[rows] = padded[rows, :, end - kernel : end]
+        return out
+
+    def select(self, rows: torch.Tensor) -> None:
+        for layer in self.cache.layers:
+            for name, bdim, _ in self._columns(layer):
+                setattr(layer, name, getattr(layer, name).index_select(bdim, rows))
+            for i in self._conv(layer):
+                layer.conv_states[i] = layer.conv_states[i][rows]
+
+    def repeat(self, n: int) -> None:
+        """Each row becomes n consecutive rows (one encoded prompt serving n sequences)."""
+        for layer in self.cache.layers:
+            for name, bdim, _ in self._columns(layer):
+                setattr(layer, name, getattr(layer, name).repeat_interleave(n, dim=bdim))
+            for i in self._conv(layer):
+                layer.conv_states[i] = layer.conv_states[i].repeat_interleave(n, dim=0)
+
+    def crop_left(self, n: int) -> None:
+        for layer in self.cache.layers:
+            for name, _, sdim in self._columns(layer):
+                t = getattr(layer, name)
+                setattr(layer, name, t.narrow(sdim, n, t.shape[sdim] - n))
+        self.length -= n
+
+
+def _is_simple(criterion) -> bool:
+    """EOS and the length budget: the engine applies them eagerly (the same rule, exact)."""
+    return isinstance(criterion, (EosTokenCriteria, MaxLengthCriteria))
+
+
+class SpeculativeEngine:
+    """One speculative ``generate`` call; ``run()`` returns the sequences (B, P + new) as target-only would."""
+
+    def __init__(self, target, assistant, input_ids, logits_processor, stopping_criteria, generation_config, *,
+                 attention_mask: torch.Tensor | None, target_cache: DynamicCache | None, num_draft_tokens: int,
+                 confidence_threshold: float = 0.0, speculation: str = "auto", streamer=None,
+                 schedule: str = "constant", keep_scores: bool = False, keep_logits: bool = False):
+        if speculation not in SPECULATION_MODES:
+            raise ValueError(f"batched_speculation must be one of {SPECULATION_MODES}, got {speculation!r}: set "
+                             "drafter.generation_config.batched_speculation to one of them.")
+        self.target = target
+        self.config = generation_config
+        self.device = input_ids.device
+        self.prompt = input_ids
+        B, P = input_ids.shape
+        self.B, self.P = B, P
+        self.do_sample = bool(generation_config.do_sample)
+        self.L = int(num_draft_tokens)
+        self.schedule = schedule
+        self.speculation = speculation if B > 1 else ("on" if speculation == "auto" else speculation)
+        self.vocab_size = target.config.get_text_config().vocab_size
+        mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+        self.pad_id = generation_config._pad_token_tensor
+        eos = generation_config._eos_token_tensor
+        self.eos = eos.flatten().to(self.device) if eos is not None else None
+        if self.pad_id is None:
+            self.pad_id = self.eos[0] if self.eos is not None else torch.tensor(0, device=self.device)
+        self.pad = int(self.pad_id)
+        self.eos_set = set(self.eos.tolist()) if self.eos is not None else set()
+        self.max_new = int(generation_config.max_length) - P
+        self.processors = logits_processor if logits_processor is not None else []
+        self.value_only = all(is_value_only(p) for p in self.processors)
+        self.criteria = stopping_criteria if stopping_criteria is not None else []
+        self.streamer = streamer
+        self.lazy = streamer is not None or keep_scores or keep_logits or not all(map(_is_simple, self.criteria))
+        self.keep_scores, self.keep_logits = keep_scores, keep_logits
+        self.stats = SpeculationStats(batch_size=B)
+        self.step = DraftStep(assistant, self.processors, do_sample=self.do_sample,
+                              confidence_threshold=confidence_threshold, stats=self.stats)
+        self.target_cache = _AlignedCache(target_cache if target_cache is not None else
+                                          DynamicCache(config=target.config.get_text_config(decoder=True)))
+        self.draft_cache = _AlignedCache(self.step.new_cache())
+        # Per original row: tokens emitted by verification (beyond ``committed``: not yet seen by the criteria),
+        # where its computation ended (EOS / budget) and where the criteria finished it.
+        self.gen: list[list[int]] = [[] for _ in range(B)]
+        self.ended: list[int | None] = [None] * B
+        self.finished_at: list[int | None] = [None] * B
+        self.pending_scores: list[list[torch.Tensor]] = [[] for _ in range(B)]  # processed, beyond committed
+        self.pending_logits: list[list[torch.Tensor]] = [[] for _ in range(B)]  # raw, beyond committed
+        self.scores: list[torch.Tensor] = []
+        self.raw_logits: list[torch.Tensor] = []
+        self.committed = 0
+        self.committed_ids = input_ids
+        self.unfinished = torch.ones(B, dtype=torch.bool, device=self.device)
+        # Compute state (the rows still being generated). seq is right-aligned; pad[b] masked columns on the left.
+        self.seq = input_ids.clone()
+        self.pad_cols = (P - mask.sum(dim=1)).long()
+        self.rows = torch.arange(B, device=self.device)  # original row of each computing row
+        self.emitted: list[int] = []  # tokens emitted since the drafter's context tokens were last updated
+        if self.step.vocab is not None:  # the prompts' own tokens (padding excluded)
+            self.step.vocab.add(input_ids[mask.bool()])
+        self.drafted_len = 0  # columns of seq the drafter cache holds
+        self.round_times: list[_Timed] = []
+
+    # ---- helpers -------------------------------------------------------------------------------------------
+    def _mask(self, length: int) -> torch.Tensor:
+        cols = torch.arange(length, device=self.device)
+        return (cols[None, :] >= self.pad_cols[:, None]).long()
+
+    def _positions(self, start: int, n: int) -> torch.Tensor:
+        cols = torch.arange(start, start + n, device=self.device)
+        return (cols[None, :] - self.pad_cols[:, None]).clamp(min=0)
+
+    def _target_forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed ``tokens`` (B, n) after the target cache; logits (B, n, V) float32."""
+        cache = self.target_cache
+        start, n = cache.length, tokens.shape[1]
+        out = self.target(input_ids=tokens, attention_mask=self._mask(start + n), position_ids=self._positions(start, n),
+                          use_cache=True, logits_to_keep=n, **{cache_kwarg(self.target): cache.cache})
+        cache.grew(n)
+        return out.logits[:, -n:].float()
+
+    def _draft_forward(self, tokens: torch.Tensor, contexts, row_ids):
+        cache = self.draft_cache
+        start, n = cache.length, tokens.shape[1]
+        drafted = self.step(tokens, cache.cache, contexts, row_ids, self._mask(start + n), self._positions(start, n))
+        cache.grew(n)
+        return drafted
+
+    def _candidates(self, drafts: torch.Tensor | None) -> torch.Tensor:
+        """(B, P + W) ids of ALL original rows in target-only's layout: prompt, then each row's tokens (a computing
+        row's drafts after its tokens), pads where a row has no more."""
+        lists = [list(g) for g in self.gen]
+        if drafts is not None:
+            for i, r in enumerate(self.rows.tolist()):
+                lists[r] = lists[r] + drafts[i].tolist()
+        width = max(len(x) for x in lists)
+        tail = torch.full((self.B, width), self.pad, dtype=torch.long, device=self.device)
+        for r, x in enumerate(lists):
+            if x:
+                tail[r, : len(x)] = torch.tensor(x, dtype=torch.long, device=self.device)
+        return torch.cat([self.prompt, tail], dim=1)
+
+    def _process_target(self, logits: torch.Tensor, drafts: torch.Tensor | None) -> torch.Tensor:
+        """The target's processors at every verified position, as target-only calls them (module docstring)."""
+        if not self.processors:
+            return logits
+        Bc, n, V = logits.shape
+        if self.value_only:
+            return self.processors(None, logits.reshape(Bc * n, V)).reshape(Bc, n, V)
+        rows = self.rows.tolist()
+        lengths = torch.tensor([len(self.gen[r]) for r in rows], device=self.device)
+        ids = self._candidates(drafts)
+        out = torch.empty_like(logits)
+        for t in range(int(lengths.min()), int(lengths.max()) + n):
+            offset = t - lengths
+            live = ((offset >= 0) & (offset < n)).nonzero().flatten()
+            scores = logits.new_zeros((self.B, V))
+            orig = self.rows[live]
+            scores[orig] = logits[live, offset[live]]
+            done = self.processors(ids[:, : self.P + t], scores)
+            out[live, offset[live]] = done[orig]
+        return out
+
+    # ---- one round ---------------------------------------------------------------------------------------
+    def _contexts(self):
+        """Per computing row, the sequence the draft-space processors see (target-only's layout)."""
+        if self.step.value_only:
+            return None
+        return [torch.cat([self.prompt[r], torch.tensor(self.gen[r], dtype=torch.long, device=self.device)])
+                for r in self.rows.tolist()]
+
+    def _draft(self, L: int):
+        """Up to L drafts per row: (draft indices (B, L), laws (B, L, n_ids) or None, target ids (B, L), drafts
+        each row proposes (B,)). A row stops proposing after an unsure draft or an EOS; the batch stops drafting
+        when every row has stopped."""
+        T = self.seq.shape[1]
+        to_feed = self.seq[:, self.drafted_len :]
+        contexts = self._contexts()
+        row_ids = self.rows.tolist()
+        idxs, probs, tokens = [], [], []
+        proposes = torch.full((self.rows.numel(),), L, dtype=torch.long, device=self.device)
+        stopped = torch.zeros(self.rows.numel(), dtype=torch.bool, device=self.device)
+        for s in range(L):
+            d = self._draft_forward(to_feed, contexts, row_ids)
+            idxs.append(d.idx)
+            tokens.append(d.token)
+            if d.probs is not None:
+                probs.append(d.probs)
+            ends = d.unsure
+            if self.eos is not None:
+                ends = ends | torch.isin(d.token[:, 0], self.eos)
+            proposes = torch.where(~stopped & ends, s + 1, proposes)
+            stopped |= ends
+            to_feed = d.token
+            if bool(stopped.all()):
+                break
+            if contexts is not None:
+                contexts = [torch.cat([c, tok]) for c, tok in zip(contexts, d.token)]
+        n = len(idxs)
+        proposes.clamp_(max=n)
+        self.drafted_len = T + n - 1
+        return (torch.cat(idxs, dim=1), torch.stack(probs, dim=1) if probs else None, torch.cat(tokens, dim=1),
+                proposes)
+
+    def _verify(self, idx, q, drafts, p_logits, proposes) -> _Round:
+        """Accepted drafts per row and the target's next token (exact for greedy and sampling)."""
+        B, L = drafts.shape
+        within = torch.arange(L, device=self.device)[None, :] < proposes[:, None]
+        if not self.do_sample:
+            best = p_logits.argmax(dim=-1)  # (B, L+1)
+            match = ((best[:, :L] == drafts) & within).long()
+            accepted = match.cumprod(dim=1).sum(dim=1)
+            return _Round(accepted, best.gather(1, accepted[:, None])[:, 0])
+        p = p_logits.softmax(dim=-1)  # (B, L+1, V)
+        p_draft = p[:, :L].gather(2, drafts[..., None])[..., 0]  # p(d_i)
+        q_full = self.step.q_target(q, p.shape[-1])  # (B, L, V): the round's one full-vocabulary law
+        q_draft = q_full.gather(2, drafts[..., None])[..., 0]  # q(d_i) > 0: d_i was drawn from q
+        u = torch.rand_like(p_draft)
+        ok = ((u * q_draft <= p_draft) & within).long()  # u <= p/q, without dividing
+        accepted = ok.cumprod(dim=1).sum(dim=1)
+        rows = torch.arange(B, device=self.device)
+        p_next = p[rows, accepted]  # (B, V) at the first rejected (or bonus) position
+        rejected = accepted < proposes
+        if bool(rejected.any()):
+            at = accepted.clamp(max=L - 1)
+            residual = (p_next - q_full[rows, at]).clamp(min=0)
+            total = residual.sum(dim=-1, keepdim=True)
+            # total == 0 only when p == q at that position, where rejection has probability 0
+            residual = torch.where(total > 0, residual / total.clamp(min=1e-30), p_next)
+            p_next = torch.where(rejected[:, None], residual, p_next)
+        new = torch.multinomial(p_next, 1)[:, 0]
+        return _Round(accepted, new)
+
+    def _take_context(self) -> None:
+        """Pruned ids among the tokens emitted since the last round join the batch's context tokens."""
+        if self.emitted and self.step.vocab is not None:
+            self.step.vocab.add(torch.tensor(self.emitted, dtype=torch.long, device=self.device))
+        self.emitted = []
+
+    def _emit(self, drafts: torch.Tensor | None, result: _Round, processed=None, raw=None) -> int:
+        """Append each computing row's accepted drafts + new token, cut at EOS / the budget. Returns the number
+        of tokens appended."""
+        acc = result.accepted.tolist()
+        new = result.new_tokens.tolist()
+        draft_rows = drafts.tolist() if drafts is not None else None
+        total = 0
+        for i, r in enumerate(self.rows.tolist()):
+            out = self.gen[r]
+            tokens = (draft_rows[i][: acc[i]] if draft_rows is not None else []) + [new[i]]
+            for j, t in enumerate(tokens):
+                out.append(t)
+                self.emitted.append(t)
+                total += 1
+                if self.keep_scores or not all(map(_is_simple, self.criteria)):
+                    self.pending_scores[r].append(processed[i, j])
+                if self.keep_logits:
+                    self.pending_logits[r].append(raw[i, j])
+                if t in self.eos_set or len(out) >= self.max_new:
+                    self.ended[r] = len(out)
+                    break
+        return total
+
+    def _commit(self) -> None:
+        """Run the stopping criteria (and the streamer) step by step, as target-only does, up to where every
+        unfinished row's tokens are known; a criterion that fires ends its row there."""
+        if not self.lazy:
+            return
+        while bool(self.unfinished.any()):
+            t = self.committed + 1
+            if any(self.finished_at[r] is None and len(self.gen[r]) < t for r in range(self.B)):
+                return
+            live = self.unfinished.tolist()
+            tokens = torch.tensor([self.gen[r][t - 1] if live[r] else self.pad for r in range(self.B)],
+                                  dtype=torch.long, device=self.device)
+            self.committed_ids = torch.cat([self.committed_ids, tokens[:, None]], dim=1)
+            if self.streamer is not None:
+                self.streamer.put(tokens.cpu())
+            scores = None
+            if self.pending_scores[0] or any(self.pending_scores):
+                scores = self._pop(self.pending_scores, live)
+                if self.keep_scores:
+                    self.scores.append(scores)
+            if self.keep_logits:
+                self.raw_logits.append(self._pop(self.pending_logits, live))
+            done = self.criteria(self.committed_ids, scores) if self.criteria else torch.zeros_like(self.unfinished)
+            done = torch.as_tensor(done, device=self.device).bool().expand(self.B)
+            for r in (self.unfinished & done).nonzero().flatten().tolist():
+                self.finished_at[r] = t
+                del self.gen[r][t:]
+            for r in range(self.B):  # safety: a row whose computation ended is finished where it ended
+                if live[r] and not bool(done[r]) and self.ended[r] == t:
+                    self.finished_at[r] = t
+                    done = done.clone()
+                    done[r] = True
+            self.unfinished &= ~done
+            self.committed = t
+
+    def _pop(self, pending: list[list[torch.Tensor]], live: list[bool]) -> torch.Tensor:
+        """(B, V) of step ``committed + 1``: each live row's entry, zeros for finished rows."""
+        rows = []
+        width = next(p[0].shape[-1] for p in pending if p)
+        for r in range(self.B):
+            rows.append(pending[r].pop(0) if live[r] and pending[r] else torch.zeros(width, device=self.device))
+        return torch.stack(rows)
+
+    def _stopped_rows(self) -> torch.Tensor:
+        """(Bc,) bool: computing rows that ended (EOS / budget) or that a criterion finished."""
+        return torch.tensor([self.ended[r] is not None or self.finished_at[r] is not None for r in self.rows.tolist()],
+                            dtype=torch.bool, device=self.device)
+
+    def _advance(self, result: _Round, drafts: torch.Tensor | None) -> None:
+        """Cut both caches to the accepted prefix, realign the rows, compact stopped rows out."""
+        start = time.perf_counter()
+        T = self.seq.shape[1]
+        L = drafts.shape[1] if drafts is not None else 0
+        n = result.accepted
+        # tail[b] = the row's accepted drafts, then the target's new token at index n[b]
+        tail = result.new_tokens[:, None] if drafts is None else torch.cat([drafts, drafts[:, :1]], dim=1).scatter(
+            1, n[:, None], result.new_tokens[:, None])
+        keep_rows = (~self._stopped_rows()).nonzero().flatten()
+        if keep_rows.numel() < self.rows.numel():
+            self.rows, self.pad_cols, n, tail = (self.rows[keep_rows], self.pad_cols[keep_rows], n[keep_rows],
+                                                 tail[keep_rows])
+            self.seq = self.seq[keep_rows]
+            self.target_cache.select(keep_rows)
+            self.draft_cache.select(keep_rows)
+        if self.rows.numel() == 0:
+            self.stats.realign_seconds += time.perf_counter() - start
+            return
+        m = int(n.max())
+        shift = m - n
+        new_seq = self.seq.new_full((self.seq.shape[0], T + m + 1), self.pad)
+        for s in torch.unique(shift).tolist():
+            rows = (shift == s).nonzero().flatten()
+            c = m - s  # accepted drafts of these rows
+            new_seq[rows, s : s + T] = self.seq[rows]
+            new_seq[rows, s + T : s + T + c] = tail[rows, :c]
+            new_seq[rows, -1] = tail[rows, c]
+        self.seq = new_seq
+        self.pad_cols = self.pad_cols + shift
+        # target: [0, T-1) old + [last, d_1..d_n] valid -> T + n columns, aligned at T + m
+        self.target_cache.keep(T + n, T + m)
+        if L:  # drafter: all but the last two tokens of each row; it fed the drafts up to d_{L-1}
+            self.draft_cache.keep(T + n - 1, T + m - 1)
+            self.drafted_len = T + m - 1
+        # (a plain decode step: the drafter fed nothing, every row grew by one token, no shift)
+        common = int(self.pad_cols.min())
+        if common:  # crop the padding every row shares
+            self.seq = self.seq[:, common:]
+            self.pad_cols = self.pad_cols - common
+            self.target_cache.crop_left(common)
+            self.draft_cache.crop_left(min(common, self.drafted_len))
+            self.drafted_len = max(self.drafted_len - common, 0)
+        self.stats.realign_seconds += time.perf_counter() - start
+
+    def _remaining(self) -> int:
+        return max(self.max_new - len(self.gen[r]) for r in self.rows.tolist())
+
+    def _speculative_round(self) -> int:
+        L = min(self.L, self._remaining() - 1)
+        if L < 1:  # one token left: a plain step is the whole job
+            return self._plain_step()
+        start = time.perf_counter()
+        self._take_context()
+        idx, q, drafts, proposes = self._draft(L)
+        t_draft = time.perf_counter()
+        raw = self._target_forward(torch.cat([self.seq[:, -1:], drafts], dim=1))
+        logits = self._process_target(raw, drafts)
+        result = self._verify(idx, q, drafts, logits, proposes)
+        t_verify = time.perf_counter()
+        self.stats.draft_seconds += t_draft - start
+        self.stats.verify_seconds += t_verify - t_draft
+        rows_before = self.rows.numel()
+        emitted = self._emit(drafts, result, logits, raw)
+        self.stats.rounds += 1
+        self.stats.row_rounds += rows_before
+        self.stats.proposed += int(proposes.sum())
+        self.stats.accepted += int(result.accepted.sum())
+        self.stats.per_round_accepted.extend(result.accepted.tolist())
+        self.stats.per_round_proposed.extend(proposes.tolist())
+        if self.schedule in ("heuristic", "heuristic_transient"):  # transformers' schedule, on the whole batch
+            self.L = self.L + 2 if bool((result.accepted == proposes).all()) else max(1, self.L - 1)
+        self._commit()
+        self._advance(result, drafts)
+        return emitted
+
+    def _plain_step(self) -> int:
+        """One target-only decode step for every computing row (exact: argmax or a draw from p)."""
+        start = time.perf_counter()
+        raw = self._target_forward(self.seq[:, -1:])
+        logits = self._process_target(raw, None)
+        last = logits[:, 0]
+        new = torch.multinomial(last.softmax(-1), 1)[:, 0] if self.do_sample else last.argmax(-1)
+        self.stats.verify_seconds += time.perf_counter() - start
+        self.stats.plain_steps += 1
+        result = _Round(torch.zeros_like(new), new)
+        emitted = self._emit(None, result, logits, raw)
+        self._commit()
+        self._advance(result, None)
+        return emitted
+
+    # ---- the loop ----------------------------------------------------------------------------------------
+    def _prefill(self, P: int) -> None:
+        """Encode the prompts: everything but the last token (target) / the last two (drafter). With
+        ``num_return_sequences`` = n, transformers has repeated each prompt n times: each prompt is encoded once
+        and the caches are repeated."""
+        n = int(getattr(self.config, "num_return_sequences", 1) or 1)
+        if n > 1 and self.B % n == 0 and bool((self.seq.view(-1, n, P) == self.seq[::n, None]).all()):
+            unique = torch.arange(0, self.B, n, device=self.device)
+        else:
+            n, unique = 1, None
+        seq, pad = self.seq, self.pad_cols
+        if unique is not None:  # run the prefill on one copy of each prompt
+            self.seq, self.pad_cols = seq[unique], pad[unique]
+        if P > 1:
+            self._target_forward(self.seq[:, :-1])
+        if self.speculation != "off" and P > 2:
+            self.step.logits(self.seq[:, :-2], self.draft_cache.cache, self._mask(P - 2), self._positions(0, P - 2))
+            self.draft_cache.grew(P - 2)
+            self.drafted_len = P - 2
+        if unique is not None:
+            self.seq, self.pad_cols = seq, pad
+            self.target_cache.repeat(n)
+            self.draft_cache.repeat(n)
+
+    @torch.no_grad()
+    def run(self) -> torch.Tensor:
+        P = self.seq.shape[1]
+        self._prefill(P)
+        mode = "decode" if self.speculation == "off" else "speculate"
+        self.stats.decision = {"on": "speculate" + (" (forced: batched_speculation='on')" if self.B > 1 else ""),
+                               "off": "decode (forced: batched_speculation='off')", "auto": ""}[self.speculation]
+        rounds = 0
+        plain_probes: list[tuple[float, int]] = []  # (seconds, rows) of the probe's plain steps
+        while self.rows.numel():
+            t0 = time.perf_counter()
+            rows = self.rows.numel()
+            if mode == "speculate":
+                draft_before, steps_before = self.stats.draft_seconds, self.stats.draft_steps
+                emitted = self._speculative_round()
+                rounds += 1
+                steps = self.stats.draft_steps - steps_before
+                if rounds > 1 and steps:  # the first round pays for warm-up: not timed
+                    self.round_times.append(_Timed(time.perf_counter() - t0, self.stats.draft_seconds - draft_before,
+                                                   steps, rows, emitted))
+            else:
+                self._plain_step()
+                if not self.stats.decision:
+                    plain_probes.append((time.perf_counter() - t0, rows))
+            if self.speculation == "auto" and not self.stats.decision and len(self.round_times) >= PROBE_ROUNDS:
+                if len(plain_probes) < PROBE_PLAIN_STEPS:
+                    mode = "decode"  # probe plain steps (they produce tokens: nothing is wasted)
+                    continue
+                mode = self._decide(*min(plain_probes))
+        if not self.stats.decision:
+            self.stats.decision = "speculate (finished before the measured decision)"
+        self._commit()
+        if self.streamer is not None:
+            self.streamer.end()
+        return self._sequences()
+
+    def _decide(self, plain_step_s: float, plain_rows: int) -> str:
+        """Speculate on only if the round model, fed this call's measured rounds and plain step, says it pays."""
+        rounds = self.round_times
+        rows = statistics.median(r.rows for r in rounds)
+        model = RoundModel.from_measured(
+            draft_step_s=min(r.draft_s / r.draft_steps for r in rounds),  # fastest: one-off costs excluded
+            verify_step_s=min(r.seconds - r.draft_s for r in rounds),  # verify + bookkeeping
+            decode_step_s=plain_step_s, batch_size=plain_rows)
+        tau = sum(r.emitted for r in rounds) / sum(r.rows for r in rounds)
+        L = statistics.median(r.draft_steps for r in rounds)
+        reason = model.fallback_reason(L, batch_size=plain_rows, tau=tau)
+        if reason is None:
+            speedup = model.speedup(L, batch_size=plain_rows, tau=tau)
+            self.stats.decision = f"speculate (measured: predicted {speedup:.2f}x plain decoding at batch {rows:g})"
+            return "speculate"
+        self.stats.decision = f"decode ({reason})"
+        return "decode"
+
+    def _sequences(self) -> torch.Tensor:
+        ends = [self.finished_at[r] if self.finished_at[r] is not None else len(self.gen[r]) for r in range(self.B)]
+        n = max(ends, default=0)
+        out = torch.full((self.B, n), self.pad, dtype=torch.long, device=self.device)
+        for r, g in enumerate(self.gen):
+            if ends[r]:
+                out[r, : ends[r]] = torch.tensor(g[: ends[r]], dtype=torch.long, device=self.device)
+        return torch.cat([self.prompt, out], dim=1)
