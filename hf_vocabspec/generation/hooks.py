@@ -186,6 +186,13 @@ def _engine_refusal(target, assistant, input_ids, generation_config, model_kwarg
         if bad:
             return (f"The {role}'s cache has {bad} layers, whose states cannot be rolled back per row: generate "
                     "without assistant_model.")
+    text = target.config.get_text_config(decoder=True)
+    topk = getattr(text, "index_topk", None)
+    if topk and "indexed_attention" in (getattr(text, "layer_types", None) or []) and \
+            generation_config.max_length > topk:
+        return (f"This target's sparse attention keeps {topk} keys per query (index_topk), and it picks other keys when "
+                "it verifies several positions at once than when it decodes one (transformers' own assisted loop "
+                f"differs too): keep prompt + new tokens <= {topk}, or generate without assistant_model.")
     position_ids = model_kwargs.get("position_ids")
     mask = model_kwargs.get("attention_mask")
     if position_ids is not None:

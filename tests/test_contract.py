@@ -1,0 +1,330 @@
+"""transformers' generate contract, exactly: one case table (architectures x batch sizes x generate kwargs), each
+case's WHOLE output compared token for token (pads and length included) with ``target.generate(**same_kwargs)``
+without an assistant, and the streamer's puts compared one by one.
+
+Row-dependent processors and criteria are the point: structured-generation processors key per-row state on the
+row index, evaluation harnesses' stop criteria track every row of the batch (lm-eval's returns ONE bool: all
+rows done), ``prefix_allowed_tokens_fn`` receives the row's batch index. Power checks: handing the processors
+the rows in another order, or not ending a row where its criterion fired, must make a case differ. Tiny float64
+models (float32 for the MoE ones), so no near-tie can flip an argmax between the two layouts.
+"""
+
+from __future__ import annotations
+
+import string
+
+import pytest
+import torch
+import transformers as T
+from tiny import EOS, VOCAB
+from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers.generation.streamers import BaseStreamer
+
+import hf_vocabspec
+from hf_vocabspec.generation import engine
+
+_COMMON = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=EOS, pad_token_id=0)
+_SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              max_position_embeddings=256)
+ARCHS = {
+    "llama": lambda: T.LlamaConfig(**_SMALL, tie_word_embeddings=False, **_COMMON),
+    "gemma3": lambda: T.Gemma3TextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=4,
+                                         layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                                         max_position_embeddings=256, final_logit_softcapping=30.0, **_COMMON),
+    "gpt2": lambda: T.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=256, **_COMMON),
+    "bloom": lambda: T.BloomConfig(hidden_size=32, n_layer=2, n_head=4, **_COMMON),  # alibi
+    "codegen": lambda: T.CodeGenConfig(n_embd=32, n_layer=2, n_head=4, n_positions=256, rotary_dim=4, **_COMMON),
+    "lfm2": lambda: T.Lfm2Config(**{**_SMALL, "num_hidden_layers": 3}, layer_types=["conv", "full_attention", "conv"],
+                                 **_COMMON),  # a convolution cache layer
+    "lfm2_moe": lambda: T.Lfm2MoeConfig(**{**_SMALL, "num_hidden_layers": 3}, moe_intermediate_size=32, num_experts=4,
+                                        num_experts_per_tok=2, num_dense_layers=1,
+                                        layer_types=["conv", "full_attention", "conv"], **_COMMON),
+    "deepseek_v32": lambda: T.DeepseekV32Config(**{**_SMALL, "num_key_value_heads": 4}, moe_intermediate_size=32,
+                                                n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+                                                kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, v_head_dim=8,
+                                                qk_nope_head_dim=8, head_dim=8, index_topk=64, index_head_dim=8,
+                                                index_n_heads=2, first_k_dense_replace=1, **_COMMON),  # indexer cache
+    "mixtral": lambda: T.MixtralConfig(**_SMALL, num_local_experts=4, num_experts_per_tok=2, **_COMMON),
+    "llama4": lambda: T.Llama4TextConfig(**_SMALL, head_dim=8, intermediate_size_mlp=64, num_local_experts=2,
+                                         **_COMMON),
+}
+# float32: bloom's float64 mask gives NaN logits to left-padded rows in target-only generate itself. MoE models
+# run their experts eagerly (the grouped matmul has no float64 kernel).
+FLOAT32 = {"bloom"}
+KEEP = sorted({i for i in range(VOCAB) if i % 3 != 1} | {1, EOS})
+CHARS = (string.ascii_letters + string.digits)[: VOCAB - 3]
+
+
+def char_tokenizer() -> T.PreTrainedTokenizerFast:
+    """A real fast tokenizer over the tiny vocabulary: one character per token (ids 3..63), for stop strings and
+    the pipeline."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{c: i + 3 for i, c in enumerate(CHARS)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), "isolated")
+    tok.decoder = decoders.Fuse()
+    return T.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                     padding_side="left")
+
+
+_PAIRS: dict[str, tuple] = {}
+
+
+def pair(arch: str):
+    if arch not in _PAIRS:
+        dtype = torch.float32 if arch in FLOAT32 else torch.float64
+        torch.manual_seed(0)
+        config = ARCHS[arch]()
+        config._experts_implementation = "eager"
+        target = T.AutoModelForCausalLM.from_config(config).eval().to(dtype)
+        base = T.AutoModelForCausalLM.from_config(config).eval().to(dtype)
+        with torch.no_grad():
+            base.load_state_dict(target.state_dict())
+            for p in base.parameters():
+                p.add_(0.05 * p.std() * torch.randn_like(p))
+            target.get_output_embeddings().weight.mul_(4.0)
+        target.generation_config.pad_token_id = 0
+        drafter = hf_vocabspec.trim_drafter(base, KEEP).to(dtype)
+        drafter.generation_config.num_assistant_tokens = 4
+        drafter.generation_config.batched_speculation = "on"
+        _PAIRS[arch] = (target, drafter)
+    return _PAIRS[arch]
+
+
+def prompts(batch: int):
+    """Left-padded prompts of unequal lengths (batch 3), or the longest alone (batch 1)."""
+    g = torch.Generator().manual_seed(1)
+    lengths = [7, 11, 4][:batch] if batch > 1 else [9]
+    P = max(lengths)
+    ids = torch.zeros(batch, P, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, n in enumerate(lengths):
+        ids[i, P - n :] = torch.randint(3, VOCAB, (n,), generator=g)
+        mask[i, P - n :] = 1
+    return ids, mask
+
+
+# --- row-dependent processors and criteria (fresh objects per generate call) --------------------------------
+class RowBan(LogitsProcessor):
+    """Row b may not emit its b likeliest tokens: keyed by the row index, as structured generation is."""
+
+    def __call__(self, input_ids, scores):
+        scores = scores.clone()
+        for b in range(input_ids.shape[0]):
+            if b:
+                scores[b, scores[b].topk(b).indices] = float("-inf")
+        return scores
+
+
+class AllRowsDone(StoppingCriteria):
+    """lm-eval's stop-sequence criterion, in miniature: tracks every row of the batch past the prompt width and
+    answers ONE bool (all rows done). A row is done once it generated 3 + 2b tokens or a token divisible by 11."""
+
+    def __init__(self, prompt_width: int, batch: int):
+        self.width, self.done = prompt_width, [False] * batch
+
+    def __call__(self, input_ids, scores, **kwargs):
+        for b, row in enumerate(input_ids[:, self.width :].tolist()):
+            self.done[b] = self.done[b] or len(row) >= 3 + 2 * b or any(t % 11 == 0 for t in row)
+        return all(self.done)
+
+
+class RowLength(StoppingCriteria):
+    """Row b stops after 3 + 2b new tokens: rows end at different lengths, in the middle of rounds."""
+
+    def __init__(self, prompt_width: int):
+        self.width = prompt_width
+
+    def __call__(self, input_ids, scores, **kwargs):
+        n = input_ids.shape[1] - self.width
+        return torch.tensor([n >= 3 + 2 * b for b in range(input_ids.shape[0])])
+
+
+def allowed(batch_id: int, sent: torch.Tensor) -> list[int]:
+    """prefix_allowed_tokens_fn: row b draws from ids = b (mod 3), and from ids past its last token's (mod 5)."""
+    last = int(sent[-1])
+    return [t for t in range(3, VOCAB) if t % 3 == batch_id % 3 or t % 5 == last % 5] + [EOS]
+
+
+class Collect(BaseStreamer):
+    def __init__(self):
+        self.puts, self.ended = [], False
+
+    def put(self, value):
+        self.puts.append(value.clone())
+
+    def end(self):
+        self.ended = True
+
+
+def _free(target, ids, mask) -> torch.Tensor:
+    return target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=14, do_sample=False)[:, ids.shape[1] :]
+
+
+CASES = {
+    "greedy": lambda ctx: {},
+    "repetition_penalty": lambda ctx: dict(repetition_penalty=1.6),
+    "no_repeat_ngram": lambda ctx: dict(no_repeat_ngram_size=2),
+    "bad_words": lambda ctx: dict(bad_words_ids=[[int(ctx["free"][0, 2])], [5, 8]]),
+    "min_new_tokens": lambda ctx: dict(min_new_tokens=8, eos_token_id=[EOS, int(ctx["free"][-1, 1])]),
+    "several_eos": lambda ctx: dict(eos_token_id=[EOS, int(ctx["free"][-1, 3]), int(ctx["free"][0, 5])]),
+    "stop_strings": lambda ctx: dict(stop_strings=[ctx["tok"].decode(ctx["free"][0, 4:6])], tokenizer=ctx["tok"]),
+    "suppress_tokens": lambda ctx: dict(suppress_tokens=[int(ctx["free"][0, 1]), 9]),
+    "sequence_bias": lambda ctx: dict(sequence_bias={(int(ctx["free"][0, 0]),): -8.0, (12,): 4.0}),
+    "forced_eos": lambda ctx: dict(forced_eos_token_id=EOS, max_new_tokens=9),
+    "max_length": lambda ctx: dict(max_length=ctx["P"] + 7, max_new_tokens=None),
+    "row_processor": lambda ctx: dict(logits_processor=LogitsProcessorList([RowBan()])),
+    "lm_eval_criterion": lambda ctx: dict(stopping_criteria=StoppingCriteriaList([AllRowsDone(ctx["P"], ctx["B"])])),
+    "row_criterion": lambda ctx: dict(stopping_criteria=StoppingCriteriaList([RowLength(ctx["P"])])),
+    "prefix_allowed_tokens_fn": lambda ctx: dict(prefix_allowed_tokens_fn=allowed),
+    "confidence_threshold": lambda ctx: dict(assistant_confidence_threshold=0.5),
+}
+_FREE: dict[tuple, torch.Tensor] = {}
+
+
+def run_case(arch: str, batch: int, case: str):
+    """(target-only output, speculative output) of one case, each with fresh processor / criterion objects."""
+    target, drafter = pair(arch)
+    ids, mask = prompts(batch)
+    if (arch, batch) not in _FREE:
+        _FREE[arch, batch] = _free(target, ids, mask)
+    ctx = {"free": _FREE[arch, batch], "tok": char_tokenizer(), "P": ids.shape[1], "B": batch}
+    outs = []
+    for assistant in (None, drafter):
+        kw = {"max_new_tokens": 14, **CASES[case](ctx)}
+        kw = {k: v for k, v in kw.items() if v is not None}
+        if assistant is None:
+            kw.pop("assistant_confidence_threshold", None)
+        outs.append(target.generate(input_ids=ids, attention_mask=mask, do_sample=False, assistant_model=assistant,
+                                    **kw))
+    return outs
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_identical_to_target_only(arch, batch, case):
+    ref, out = run_case(arch, batch, case)
+    assert out.shape == ref.shape and torch.equal(out, ref), (ref.tolist(), out.tolist())
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "lfm2"])
+def test_streamer_sees_what_target_only_streams(arch, batch):
+    target, drafter = pair(arch)
+    ids, mask = prompts(batch)
+    streams = []
+    for assistant in (None, drafter):
+        streamer = Collect()
+        target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=12, streamer=streamer,
+                        assistant_model=assistant, stopping_criteria=StoppingCriteriaList([RowLength(ids.shape[1])]))
+        assert streamer.ended
+        streams.append(streamer.puts)
+    ref, out = streams
+    assert len(out) == len(ref) and all(torch.equal(a, b) for a, b in zip(ref, out))
+
+
+def test_text_generation_pipeline_batches_exactly():
+    target, drafter = pair("llama")
+    tok = char_tokenizer()
+    pipe = T.pipeline("text-generation", model=target, tokenizer=tok)
+    texts = ["abcQ", "Zz9", "hello1"]
+    kw = dict(batch_size=3, max_new_tokens=10, do_sample=False, return_full_text=False)
+    ref = pipe(texts, **kw)
+    out = pipe(texts, assistant_model=drafter, **kw)
+    assert out == ref
+    assert drafter.last_speculation_stats.batch_size == 3
+
+
+def test_finished_rows_are_compacted_out_invisibly():
+    """Rows that end early leave the compute batch; what processors and criteria see still has all rows."""
+    ref, out = run_case("llama", 3, "row_criterion")
+    assert torch.equal(out, ref)
+    target, drafter = pair("llama")
+    assert drafter.last_speculation_stats.row_rounds < 3 * drafter.last_speculation_stats.rounds
+
+
+# --- power: the comparison catches a wrong row and a stop that is not honoured -------------------------------
+def test_power_row_by_row_processing_differs(monkeypatch):
+    """The old loop's bug: processors called one row at a time (every row sees itself as row 0)."""
+
+    def row_by_row(self, logits, drafts):
+        out = logits.clone()
+        for i, r in enumerate(self.rows.tolist()):
+            for j in range(logits.shape[1]):
+                out[i, j] = self.processors(self.prompt[r : r + 1], logits[i : i + 1, j])[0]
+        return out
+
+    monkeypatch.setattr(engine.SpeculativeEngine, "_process_target", row_by_row)
+    ref, out = run_case("llama", 3, "row_processor")
+    assert not torch.equal(out, ref)
+
+
+def test_power_a_stop_that_is_not_honoured_differs(monkeypatch):
+    monkeypatch.setattr(engine.SpeculativeEngine, "_commit", lambda self: None)
+    ref, out = run_case("llama", 1, "row_criterion")
+    assert not torch.equal(out, ref)
+
+
+# --- what cannot be kept exact is refused in one line ------------------------------------------------------
+def _prefilled(target, ids):
+    from transformers.cache_utils import DynamicCache
+
+    cache = DynamicCache(config=target.config)
+    with torch.no_grad():
+        target(input_ids=ids[:, :-1], past_key_values=cache, use_cache=True)
+    return cache
+
+
+REFUSED = {
+    "guidance_scale": (lambda t, ids: dict(guidance_scale=1.5), "guidance_scale"),
+    "prefilled_cache": (lambda t, ids: dict(past_key_values=_prefilled(t, ids)), "past_key_values"),
+    "static_cache": (lambda t, ids: dict(cache_implementation="static"), "cache"),
+    "output_attentions": (lambda t, ids: dict(output_attentions=True, return_dict_in_generate=True),
+                          "output_attentions"),
+    "no_cache": (lambda t, ids: dict(use_cache=False), "cache"),
+    "custom_position_ids": (lambda t, ids: dict(position_ids=torch.arange(ids.shape[1])[None] + 3), "position_ids"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_refused_in_one_line(case):
+    target, drafter = pair("llama")
+    ids, mask = prompts(1)
+    make, word = REFUSED[case]
+    with pytest.raises(ValueError, match=word) as info:
+        target.generate(input_ids=ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=4,
+                        **make(target, ids))
+    assert "\n" not in str(info.value)
+
+
+def test_sparse_indexer_beyond_its_topk_is_refused():
+    """DeepSeek-V3.2-style sparse attention picks other keys for a multi-position verify than for a decode step
+    once the sequence is longer than index_topk (transformers' own assisted loop differs from target-only)."""
+    config = ARCHS["deepseek_v32"]()
+    config.index_topk = 6
+    config._experts_implementation = "eager"
+    target = T.AutoModelForCausalLM.from_config(config).eval().double()
+    _, drafter = pair("llama")
+    ids, mask = prompts(1)
+    with pytest.raises(ValueError, match="index_topk") as info:
+        target.generate(input_ids=ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=4)
+    assert "\n" not in str(info.value)
+
+
+def test_model_without_a_kv_cache_is_refused():
+    config = T.OpenAIGPTConfig(n_embd=32, n_layer=2, n_head=4, n_positions=64, **_COMMON)
+    target = T.OpenAIGPTLMHeadModel(config).eval()
+    drafter = hf_vocabspec.trim_drafter(T.OpenAIGPTLMHeadModel(config).eval(), KEEP)
+    ids, mask = prompts(3)
+    with pytest.raises(ValueError, match="no KV cache"):
+        target.generate(input_ids=ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=4)
+
+
+def test_stateful_drafter_is_refused_at_trim():
+    model = T.RwkvForCausalLM(T.RwkvConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                           attention_hidden_size=32, intermediate_size=64)).eval()
+    with pytest.raises(ValueError, match="stateful"):
+        hf_vocabspec.trim_drafter(model, KEEP)
