@@ -24,6 +24,10 @@ from ._common import (
 
 def cmd_tune(args) -> int:
     refuse_together(args, "ks", ("coverages",), "--ks replaces the kept sizes --coverages would choose (drop one)")
+    if given(args, "confidence_thresholds") and (args.mode != "greedy" or args.acceptance != "drafter"):
+        conflict = f"--mode {args.mode}" if args.mode != "greedy" else f"--acceptance {args.acceptance}"
+        raise UsageError(f"--confidence-thresholds and {conflict} contradict: thresholds are simulated on greedy round "
+                         "profiles of the real drafter only (--mode greedy --acceptance drafter); drop one of them.")
     if not args.validate and given(args, "validate_draft_lengths", "validate_on"):
         raise UsageError(f"{', '.join(given(args, 'validate_draft_lengths', 'validate_on'))} only apply with "
                          "--validate PROMPTS (add it or drop them).")

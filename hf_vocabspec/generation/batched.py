@@ -45,7 +45,7 @@ from ..drafter import TrimmedDrafter, cache_kwarg
 from .stats import SpeculationStats
 from .vocabulary import DraftVocabulary, draft_space_processors, is_value_only
 
-SPECULATION_MODES = ("auto", "on", "off")
+from ..drafter import SPECULATION_MODES  # the one home of the valid values
 # Rounds timed before the auto decision (the first round also pays the prefill, so it is not timed).
 PROBE_ROUNDS = 3
 # Plain decode steps timed for the decision (the fastest counts: the first calls of a new shape pay one-off costs,

@@ -81,8 +81,14 @@ def check_trimmed_assistant(target, drafter: TrimmedDrafter, generation_config, 
                                  f"is not the one this drafter was trimmed with (tokenizer fingerprints differ); {fix}")
 
 
-def check_inputs(target, assistant, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
-    """Bad input to a speculative call fails here, in one line, before any forward pass."""
+def check_inputs(target, assistant, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                 max_length: int | None = None) -> None:
+    """Bad input to a speculative call fails here, in one line, before any forward pass.
+
+    ``max_length``: the total length generate will reach (prompt + max_new_tokens), checked against each model's
+    position limit (read under its architecture's name, see ``drafter.position_limit``); None checks the prompt."""
+    from ..drafter import check_batched_speculation, position_limit  # here: the rest of this module is being rewritten
+
     vocab = target.config.get_text_config().vocab_size
     if input_ids.shape[-1] == 0:
         raise ValueError("The prompt is empty (input_ids has 0 tokens): give at least one token, e.g. the BOS token.")
@@ -102,12 +108,60 @@ def check_inputs(target, assistant, input_ids: torch.Tensor, attention_mask: tor
         if bool(holes.any()):
             raise ValueError("attention_mask has padding inside a prompt: only left padding is supported. Tokenize "
                              "with padding_side='left'.")
+    gen = getattr(assistant, "generation_config", None)
+    if gen is not None and getattr(gen, "batched_speculation", None) is not None:
+        check_batched_speculation(gen.batched_speculation)  # refused at every batch size, not only where it is read
+    prompt = input_ids.shape[-1]
     for model, role in ((target, "target"), (assistant, "drafter")):
-        config = getattr(getattr(model, "config", None), "get_text_config", None)
-        limit = getattr(config(), "max_position_embeddings", None) if config else None
-        if limit and input_ids.shape[-1] > limit:
-            raise ValueError(f"The prompt has {input_ids.shape[-1]} tokens but the {role} handles at most {limit} "
-                             "positions: shorten the prompt.")
+        limit = position_limit(model)
+        if not limit:
+            continue
+        if prompt > limit:
+            raise ValueError(f"The prompt has {prompt} tokens but the {role} handles at most {limit} positions: "
+                             "shorten the prompt.")
+        if max_length is not None and max_length > limit:
+            raise ValueError(f"The prompt ({prompt} tokens) plus max_new_tokens reaches {max_length} positions but the "
+                             f"{role} handles at most {limit}: shorten the prompt or lower max_new_tokens to at most "
+                             f"{limit - prompt}.")
+
+
+def check_attention_mask(input_ids: torch.Tensor, attention_mask) -> None:
+    """The caller's attention mask, checked AS GIVEN (before transformers drops an all-ones mask or indexes a 1-D
+    one): one row per prompt, the prompt's length, 0/1 values, no row without a token. Call it at the generate
+    entry, before transformers touches the kwargs."""
+    if attention_mask is None:
+        return
+    fix = "pass the mask the tokenizer returned with these ids (tokenizer(prompts, padding=True, return_tensors='pt'))"
+    if not isinstance(attention_mask, torch.Tensor):
+        raise ValueError(f"attention_mask is a {type(attention_mask).__name__}, not a tensor: {fix}.")
+    ids_shape, shape = tuple(input_ids.shape), tuple(attention_mask.shape)
+    rows = ids_shape[0] if input_ids.dim() == 2 else 1
+    if attention_mask.dim() == 1 and rows > 1:
+        raise ValueError(f"attention_mask is 1-D {shape} but input_ids has {rows} prompts {ids_shape}: pass one mask "
+                         f"row per prompt, shape {ids_shape}; {fix}.")
+    if attention_mask.dim() == 2 and input_ids.dim() == 2 and shape[0] != ids_shape[0]:
+        raise ValueError(f"attention_mask has {shape[0]} rows but input_ids has {ids_shape[0]} prompts: {fix}.")
+    if shape != ids_shape and not (attention_mask.dim() == 1 and (1, *shape) == ids_shape):
+        raise ValueError(f"attention_mask has shape {shape} but input_ids has {ids_shape}: {fix}.")
+    if attention_mask.numel() and bool(((attention_mask != 0) & (attention_mask != 1)).any()):
+        raise ValueError(f"attention_mask holds values other than 0 and 1: {fix}.")
+    if attention_mask.numel() and bool((attention_mask.reshape(rows, -1) == 0).all(-1).any()):
+        row = int((attention_mask.reshape(rows, -1) == 0).all(-1).nonzero()[0, 0])
+        raise ValueError(f"attention_mask row {row} is all zeros (a prompt with no token): drop that prompt or give "
+                         "it at least one token.")
+
+
+def check_generate_kwargs(generation_config, assistant_model=None) -> None:
+    """Refuse two ways of drafting in one call: transformers drafts with ``assistant_model`` and drops prompt lookup
+    (or early exit) without a word. Call it at the generate entry with the call's assistant_model."""
+    chosen = [name for name, on in (("assistant_model=", assistant_model is not None),
+                                    ("prompt_lookup_num_tokens=",
+                                     getattr(generation_config, "prompt_lookup_num_tokens", None) is not None),
+                                    ("assistant_early_exit=",
+                                     getattr(generation_config, "assistant_early_exit", None) is not None)) if on]
+    if len(chosen) > 1:
+        raise ValueError(f"{' and '.join(chosen)} each choose how drafts are made and only one would run "
+                         f"(transformers silently drops the others): pass one of them.")
 
 
 # Draft length of an untrimmed assistant left at transformers' default (20, meant for its confidence-stopped,
