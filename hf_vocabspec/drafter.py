@@ -549,9 +549,19 @@ def _restore_batched_speculation(model: TrimmedDrafter, where, kwargs: dict) -> 
     if where is None or model.generation_config is None:
         return
     options = {k: kwargs[k] for k in ("cache_dir", "revision", "token", "local_files_only", "subfolder") if k in kwargs}
+    path = os.fspath(where)
     try:
-        saved, _ = GenerationConfig.get_config_dict(where, **options)
-    except Exception:  # noqa: BLE001 - no generation_config.json: transformers' defaults stand
+        if os.path.isdir(path):
+            file = os.path.join(path, options.get("subfolder") or "", "generation_config.json")
+        else:  # a Hub id: the file from_pretrained just fetched (cached)
+            from transformers.utils import cached_file
+
+            file = cached_file(path, "generation_config.json", _raise_exceptions_for_missing_entries=False, **options)
+        with open(file, encoding="utf-8") as f:
+            saved = json.load(f)
+    except Exception:  # noqa: BLE001 - no (readable) generation_config.json: transformers' defaults stand
+        return
+    if not isinstance(saved, dict):
         return
     if "batched_speculation" not in saved:
         return

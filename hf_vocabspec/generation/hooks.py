@@ -135,18 +135,18 @@ def check_attention_mask(input_ids: torch.Tensor, attention_mask) -> None:
     if not isinstance(attention_mask, torch.Tensor):
         raise ValueError(f"attention_mask is a {type(attention_mask).__name__}, not a tensor: {fix}.")
     ids_shape, shape = tuple(input_ids.shape), tuple(attention_mask.shape)
-    rows = ids_shape[0] if input_ids.dim() == 2 else 1
-    if attention_mask.dim() == 1 and rows > 1:
-        raise ValueError(f"attention_mask is 1-D {shape} but input_ids has {rows} prompts {ids_shape}: pass one mask "
-                         f"row per prompt, shape {ids_shape}; {fix}.")
+    if attention_mask.dim() == 1 and input_ids.dim() == 2:  # transformers indexes it as 2-D: IndexError, any batch
+        raise ValueError(f"attention_mask is 1-D {shape} but input_ids is {ids_shape} ({ids_shape[0]} prompt(s)): pass "
+                         f"one mask row per prompt, shape {ids_shape}; {fix}.")
     if attention_mask.dim() == 2 and input_ids.dim() == 2 and shape[0] != ids_shape[0]:
         raise ValueError(f"attention_mask has {shape[0]} rows but input_ids has {ids_shape[0]} prompts: {fix}.")
-    if shape != ids_shape and not (attention_mask.dim() == 1 and (1, *shape) == ids_shape):
+    if shape != ids_shape:
         raise ValueError(f"attention_mask has shape {shape} but input_ids has {ids_shape}: {fix}.")
     if attention_mask.numel() and bool(((attention_mask != 0) & (attention_mask != 1)).any()):
         raise ValueError(f"attention_mask holds values other than 0 and 1: {fix}.")
-    if attention_mask.numel() and bool((attention_mask.reshape(rows, -1) == 0).all(-1).any()):
-        row = int((attention_mask.reshape(rows, -1) == 0).all(-1).nonzero()[0, 0])
+    rows = attention_mask.reshape(ids_shape[0] if input_ids.dim() == 2 else 1, -1)
+    if rows.numel() and bool((rows == 0).all(-1).any()):
+        row = int((rows == 0).all(-1).nonzero()[0, 0])
         raise ValueError(f"attention_mask row {row} is all zeros (a prompt with no token): drop that prompt or give "
                          "it at least one token.")
 
