@@ -78,9 +78,15 @@ def check_device(device: object, what: str) -> None:
         dev = torch.device(device)
     except (RuntimeError, TypeError, ValueError):
         raise ValueError(f"{what} {device!r} is not a torch device name: {fix}.") from None
+    if dev.type == "cuda":  # counted without creating a CUDA context in this process (the worker makes its own)
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (dev.index or 0) >= count:
+            raise ValueError(f"{what} {device!r} is not available on this machine ({count} CUDA device(s) here): "
+                             f"{fix}.")
+        return
     try:
         torch.empty(0, device=dev)
-    except (RuntimeError, AssertionError, ValueError) as err:  # no CUDA build, no such index, backend missing
+    except (RuntimeError, AssertionError, ValueError) as err:  # backend missing or not built in
         why = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)[:120]
         raise ValueError(f"{what} {device!r} is not available on this machine ({why}): {fix}.") from None
 
