@@ -962,19 +962,6 @@ def test_model_cache_errors_are_one_line_naming_the_fix(monkeypatch, tmp_path, u
         assert "\n" not in str(err.value)
 
 
-def test_ssd_device_errors_are_one_line():
-    from hf_vocabspec.ssd import SSDConfig, SSDSession
-
-    with pytest.raises(ValueError, match="SSDConfig.device 'gpu' is not a torch device name: pass 'cpu'"):
-        SSDConfig(device="gpu")
-    with pytest.raises(ValueError, match="SSDConfig.device .cuda:99. is not available on this machine"):
-        SSDConfig(device="cuda:99")
-    SSDConfig(device="cpu", mode="worker")
-    drafter = trim_drafter(LlamaForCausalLM(llama_config()), torch.arange(3, 30))
-    with pytest.raises(ValueError, match="device='cpu' and mode='sync' contradict"):
-        SSDSession(drafter, SSDConfig(device="cpu"))
-
-
 def test_messages_name_a_fix_that_exists(tmp_path, counts_file, capsys):
     with pytest.raises(ValueError, match="counts go to `hf-vocabspec select --counts` or `trim --counts`"):
         load_model(str(counts_file))
