@@ -156,15 +156,17 @@ def normalized_messages(example: dict) -> list[dict]:
     return out
 
 
-def _turns(example: dict, roles_seen: set | None = None) -> tuple[list[str], int]:
-    """Assistant contents of one example (messages or ShareGPT conversations) and its turn count."""
+def _turns(example: dict, roles_seen: set | None = None) -> tuple[list[str], int, int]:
+    """Assistant contents of one example (messages or ShareGPT conversations), its turn count and how many of its
+    assistant turns were empty (so a refusal can say that their content is empty, not that none were found)."""
     turns, role_key, content_key = _raw_turns(example)
     if roles_seen is not None and len(roles_seen) < 50:
         roles_seen.update(str(t.get(role_key)) for t in turns)
     # an assistant turn with no content (null, "", whitespace) is not a turn: counting it would add only its
     # end-of-turn marker and inflate coverage (100% at k=50 on such data)
-    contents = (_text(t.get(content_key)) for t in turns if t.get(role_key) in _ASSISTANT_ROLES)
-    return [c for c in contents if c.strip()], len(turns)
+    contents = [_text(t.get(content_key)) for t in turns if t.get(role_key) in _ASSISTANT_ROLES]
+    kept = [c for c in contents if c.strip()]
+    return kept, len(turns), len(contents) - len(kept)
 
 
 def _examples(dataset: Iterable[dict], max_examples: int | None) -> Iterable[dict]:
@@ -353,7 +355,7 @@ def count_assistant_tokens(
     fmt = assistant_turn_format(tokenizer)
     size = max(vocab_size or 0, len(tokenizer))
     counts = np.zeros(size, dtype=np.int64)
-    n_examples = n_turns = 0
+    n_examples = n_turns = n_empty = 0
     columns: set[str] = set()
     roles: set[str] = set()
     batch: list[str] = []
@@ -376,14 +378,21 @@ def count_assistant_tokens(
         for example in _examples(dataset, max_examples):
             if not n_examples:
                 columns.update(example)
-            contents, _ = _turns(example, roles)
+            contents, _, empty = _turns(example, roles)
             n_examples += 1
             n_turns += len(contents)
+            n_empty += empty
             batch.extend(fmt.render(c) for c in contents)
             if len(batch) >= batch_size:
                 flush()
             bar.update(1)
         flush()
+    if n_turns == 0 and n_empty:
+        raise ValueError(
+            f"No assistant turns with text in {n_examples} example(s): all {n_empty} assistant turn(s) have empty "
+            "content (null, '' or whitespace only), so there is nothing to count: fill in the assistant answers, or "
+            "count a dataset whose assistant turns hold text."
+        )
     if n_turns == 0:
         raise ValueError(
             f"No assistant turns found in {n_examples} example(s): expected {_FORMATS_HELP} (also accepted as "

@@ -39,6 +39,9 @@ MODEL_TYPE = "hf_vocabspec_trimmed_drafter"
 # passed to `target.generate(num_assistant_tokens=...)` wins, see generation.py).
 DEFAULT_NUM_ASSISTANT_TOKENS = 5
 DEFAULT_CONFIDENCE_THRESHOLD = 0.0
+# Values of a drafter's ``generation_config.batched_speculation`` (the batched loop's fallback rule; the one home of
+# the valid values): "auto" decides from measured rounds, "on"/"off" force speculation / plain decoding.
+SPECULATION_MODES = ("auto", "on", "off")
 
 
 class VocabularyMapError(ValueError):
@@ -152,6 +155,31 @@ def check_confidence_threshold(value: object) -> float:
     if not 0.0 <= threshold < 1.0:
         raise ValueError(f"confidence_threshold must be in [0, 1) (0: no early stop); got {value!r}.")
     return threshold
+
+
+def check_batched_speculation(value: object, *,
+                              fix: str = "set drafter.generation_config.batched_speculation to one of them") -> str:
+    """Refuse a batched-speculation rule outside SPECULATION_MODES (at every batch size, on load and on save: a value
+    only read at batch > 1 would otherwise ride along unnoticed); return it."""
+    if not isinstance(value, str) or value not in SPECULATION_MODES:
+        raise ValueError(f"batched_speculation must be one of {SPECULATION_MODES} (got {value!r}): {fix}.")
+    return value
+
+
+def position_limit(model) -> int | None:
+    """The most positions ``model`` handles, read under the names architectures use (GPT-2's ``n_positions``, ...);
+    a trimmed drafter's is its body's (its own config has none). None where no limit is declared."""
+    model = getattr(model, "drafter", model) if not isinstance(model, PreTrainedModel) else model  # an SSD session
+    config = getattr(model, "config", None)
+    if isinstance(model, TrimmedDrafter):
+        config = model_body(model).config
+    elif config is not None and hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    names = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length", "seq_length", "max_seq_len",
+             "max_seq_length")
+    limits = [v for v in (getattr(config, n, None) for n in names) if isinstance(v, int) and not isinstance(v, bool)
+              and v > 0]
+    return min(limits) if limits else None
 
 
 def set_draft_length(generation_config: GenerationConfig, num_assistant_tokens: int,
@@ -435,14 +463,23 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
         """Atomic: written to a temp sibling and swapped in, so an interrupted save leaves the old directory or
         nothing, never a config without weights. Other files already there (a tokenizer, a card) are kept.
         Inline rather than hf_vocabspec._io: this file ships with checkpoints (torch + transformers only)."""
+        gen = getattr(self, "generation_config", None)
+        if gen is not None and getattr(gen, "batched_speculation", None) is not None:
+            check_batched_speculation(gen.batched_speculation)  # refused here, not by the loader of the checkpoint
+            gen._from_model_config = False  # else transformers drops the field when loading generation_config.json
         if kwargs.get("push_to_hub"):
             return super().save_pretrained(save_directory, *args, **kwargs)
         final = os.path.abspath(os.fspath(save_directory))
         if os.path.isfile(final):
             raise FileExistsError(f"{final!r} is a file: save a drafter to a directory.")
         parent, name = os.path.split(final)
-        os.makedirs(parent, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)
+        try:
+            os.makedirs(parent, exist_ok=True)
+            tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)
+        except OSError as err:  # read-only, not ours, full: one line naming the folder, not the temp's raw path
+            raise OSError(f"Cannot save the drafter to {final!r}: the folder {parent!r} is not writable "
+                          f"({err.strerror or type(err).__name__}): choose a folder you can write, or fix its "
+                          "permissions.") from err
         old = None
         try:
             result = super().save_pretrained(tmp, *args, **kwargs)
@@ -505,6 +542,7 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
                 f"config.json announces an RDK kernel but the weights lack {missing_rdk} (`rdk_weights`/`rdk_targets`). "
                 + _RDK_KERNEL_FIX
             )
+        _restore_batched_speculation(model, where, kwargs)
         model.validate_vocab_map()
         model.validate_rdk_buffers()  # a kernel announced in config must be present and sound
         model.validate_context_head(info.get("missing_keys", ()))  # kept pruned rows announced in config: present, sound
@@ -514,6 +552,34 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
                 "(its base does not tie its embeddings and no context head was kept): set \"context_tokens\": false in config.json "
                 "or re-save the drafter.")
         return (model, info) if want_info else model
+
+
+def _restore_batched_speculation(model: TrimmedDrafter, where, kwargs: dict) -> None:
+    """Give the loaded generation_config the saved ``batched_speculation`` (checked): transformers drops fields it
+    does not know from a file marked ``_from_model_config``, as drafters trimmed before this fix were saved."""
+    if where is None or model.generation_config is None:
+        return
+    options = {k: kwargs[k] for k in ("cache_dir", "revision", "token", "local_files_only", "subfolder") if k in kwargs}
+    path = os.fspath(where)
+    try:
+        if os.path.isdir(path):
+            file = os.path.join(path, options.get("subfolder") or "", "generation_config.json")
+        else:  # a Hub id: the file from_pretrained just fetched (cached)
+            from transformers.utils import cached_file
+
+            file = cached_file(path, "generation_config.json", _raise_exceptions_for_missing_entries=False, **options)
+        with open(file, encoding="utf-8") as f:
+            saved = json.load(f)
+    except Exception:  # noqa: BLE001 - no (readable) generation_config.json: transformers' defaults stand
+        return
+    if not isinstance(saved, dict):
+        return
+    if "batched_speculation" not in saved:
+        return
+    value = saved["batched_speculation"]
+    check_batched_speculation(value, fix=f"edit generation_config.json of the drafter in {os.fspath(where)!r}, or set "
+                              "drafter.generation_config.batched_speculation and save it again")
+    model.generation_config.batched_speculation = value
 
 
 def _check_local_checkpoint(path: str) -> None:
@@ -528,6 +594,10 @@ def _check_local_checkpoint(path: str) -> None:
         return  # from_pretrained says "has no config.json"
     except (OSError, ValueError) as err:
         raise OSError(f"{bad} has an unreadable config.json ({str(err)[:120]}): {fix}.") from None
+    if isinstance(cfg, dict) and isinstance(cfg.get("model_type"), str) and cfg["model_type"] != MODEL_TYPE:
+        raise OSError(f"{bad} is not a trimmed drafter (config.json model_type {cfg['model_type'][:60]!r}, expected "
+                      f"{MODEL_TYPE!r}): it is a plain model; trim it first (`hf-vocabspec trim --drafter {path}` or "
+                      "hf_vocabspec.trim_drafter(model, keep_token_ids)).")
     if not isinstance(cfg, dict) or cfg.get("model_type") != MODEL_TYPE:
         got = cfg.get("model_type") if isinstance(cfg, dict) else type(cfg).__name__
         raise OSError(f"{bad} is not a trimmed drafter (config.json model_type {str(got)[:60]!r}, expected "
@@ -795,6 +865,7 @@ def trim_drafter(
     gen = GenerationConfig.from_model_config(model.config) if getattr(model, "generation_config", None) is None else (
         GenerationConfig.from_dict(model.generation_config.to_dict())
     )
+    gen._from_model_config = False  # else transformers drops our own fields (batched_speculation) when loading it
     drafter.generation_config = set_draft_length(gen, DEFAULT_NUM_ASSISTANT_TOKENS)
     leftovers = [n for n, p in list(drafter.named_parameters()) + list(drafter.named_buffers()) if p.is_meta]
     if leftovers:

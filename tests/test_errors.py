@@ -146,7 +146,7 @@ def test_data_errors(tmp_path, tok):
 
 
 def test_counts_file_and_model_file_swapped(tmp_path, counts_file):
-    with pytest.raises(ValueError, match="counts file \\(pass it as --counts\\), not a model"):
+    with pytest.raises(ValueError, match="counts file \\(counts go to .*--counts`\\), not a model"):
         load_model(str(counts_file))
     model = LlamaForCausalLM(llama_config())
     model.save_pretrained(tmp_path / "m")
@@ -680,3 +680,305 @@ def test_checkpoint_check_accepts_architectures_with_other_field_names(tmp_path)
     drafter.save_pretrained(tmp_path / "gpt2")
     loaded = TrimmedDrafter.from_pretrained(tmp_path / "gpt2", dtype=torch.float16)
     assert torch.equal(loaded.d2t, drafter.d2t) and {p.dtype for p in loaded.parameters()} == {torch.float16}
+
+
+# --- issue #29: silently ignored or lost ----------------------------------------------------------------------------
+def test_batched_speculation_survives_save_and_load_and_one_home(tmp_path):
+    from hf_vocabspec import drafter as drafter_module
+    from hf_vocabspec.generation import batched
+
+    assert batched.SPECULATION_MODES is drafter_module.SPECULATION_MODES  # one home of the valid values
+    torch.manual_seed(0)
+    drafter = trim_drafter(LlamaForCausalLM(llama_config()), torch.arange(3, 30))
+    for value in ("off", "on", "auto"):
+        drafter.generation_config.batched_speculation = value
+        drafter.save_pretrained(tmp_path / value)
+        assert TrimmedDrafter.from_pretrained(tmp_path / value).generation_config.batched_speculation == value
+    # saved before the fix: transformers drops unknown fields of a file marked _from_model_config
+    gen = tmp_path / "off" / "generation_config.json"
+    gen.write_text(json.dumps(json.loads(gen.read_text()) | {"_from_model_config": True}))
+    assert TrimmedDrafter.from_pretrained(tmp_path / "off").generation_config.batched_speculation == "off"
+
+
+def test_invalid_batched_speculation_is_refused_at_load_save_and_batch_1(tmp_path):
+    from hf_vocabspec.drafter import check_batched_speculation
+    from tiny import make_pair
+
+    assert check_batched_speculation("on") == "on"
+    with pytest.raises(ValueError, match=r"batched_speculation must be one of \('auto', 'on', 'off'\) \(got 'maybe'\)"):
+        check_batched_speculation("maybe")
+    target, base = make_pair()
+    drafter = trim_drafter(base, torch.arange(3, 40))
+    drafter.save_pretrained(tmp_path / "d")
+    gen = tmp_path / "d" / "generation_config.json"
+    gen.write_text(json.dumps(json.loads(gen.read_text()) | {"batched_speculation": "maybe"}))
+    with pytest.raises(ValueError, match="got 'maybe'.*edit generation_config.json") as err:
+        TrimmedDrafter.from_pretrained(tmp_path / "d")
+    assert "\n" not in str(err.value)
+    drafter.generation_config.batched_speculation = "maybe"
+    with pytest.raises(ValueError, match="got 'maybe'"):
+        drafter.save_pretrained(tmp_path / "e")
+    assert not (tmp_path / "e").exists()
+    with pytest.raises(ValueError, match="got 'maybe'"):  # batch 1: never read there, refused all the same
+        target.generate(torch.tensor([[1, 5, 6]]), assistant_model=drafter, max_new_tokens=3, do_sample=False)
+
+
+@pytest.mark.parametrize(("command", "argv", "needle"), [
+    ("tune", ["--mode", "t1", "--confidence-thresholds", "0.3", "0.5"], "--confidence-thresholds and --mode t1 contradict"),
+    ("tune", ["--acceptance", "ideal", "--confidence-thresholds", "0.3"],
+     "--confidence-thresholds and --acceptance ideal contradict"),
+    ("bench", ["--batched-speculation", "off"], "--batched-speculation only applies with --batch-sizes"),
+    ("bench", ["--batch-sizes", "2", "--ks", "5000"], "--batch-sizes and --ks contradict"),
+    ("bench", ["--batch-sizes", "2", "--coverages", "0.9", "0.95"], "--batch-sizes and 2 --coverages contradict"),
+    ("bench", ["--batch-sizes", "2", "--modes", "t1"], "--batch-sizes and --modes contradict"),
+])
+def test_options_a_command_cannot_honour_are_refused_naming_the_conflict(capsys, no_loading, tmp_path, command, argv,
+                                                                         needle):
+    rc, err = run_cli(capsys, command, *argv, "--output", str(tmp_path / "out"))
+    assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_tune_thresholds_default_with_sampling_is_not_refused(capsys, monkeypatch, tmp_path):
+    """Only TYPED thresholds conflict: the default list with --mode t1 runs (reduced to 0 by the model, as documented)."""
+    import hf_vocabspec.cli.tune as tune_cli
+
+    monkeypatch.setattr(tune_cli, "_run", lambda args, out, tqdm: pytest.fail("reached the run") or {})
+    monkeypatch.setattr("hf_vocabspec.cli.evaluation.check_drafter_tokenizer", lambda args: None)
+    with pytest.raises(pytest.fail.Exception, match="reached the run"):
+        main(["tune", "--target", SMOL, "--mode", "t1", "--output", str(tmp_path / "out")])
+
+
+def test_bench_honours_ks_and_coverages_together(capsys, monkeypatch, tmp_path):
+    from hf_vocabspec.evaluation import benchmark
+
+    seen = {}
+    monkeypatch.setattr(benchmark, "run_benchmark", lambda cfg, out, progress=None: seen.setdefault("cfg", cfg) and {})
+    monkeypatch.setattr(benchmark, "format_report", lambda report: "")
+    rc, err = run_cli(capsys, "bench", "--target", SMOL, "--ks", "5000", "--coverages", "0.9",
+                      "--output", str(tmp_path / "out"))
+    assert rc == 0, err
+    assert seen["cfg"].ks == (5000,) and seen["cfg"].coverages == (0.9,)  # both trimmed (benchmark: sizes = both)
+
+
+def _gpt2_drafter(n_positions: int = 16):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    base = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=n_positions,
+                                      bos_token_id=1, eos_token_id=2)).eval()
+    return trim_drafter(base, torch.arange(3, 30))
+
+
+def test_position_limit_read_under_each_architecture_s_name():
+    from transformers import PretrainedConfig
+
+    from hf_vocabspec.drafter import position_limit
+
+    assert position_limit(_gpt2_drafter(16)) == 16  # a trimmed drafter's body: GPT-2's n_positions
+    assert position_limit(LlamaForCausalLM(llama_config())) == 256
+    for name in ("n_ctx", "max_sequence_length", "seq_length"):
+        assert position_limit(type("M", (), {"config": PretrainedConfig(**{name: 12})})()) == 12
+    assert position_limit(type("M", (), {"config": PretrainedConfig()})()) is None  # no limit declared: no check
+
+
+def test_prompt_plus_new_tokens_beyond_the_drafter_s_positions_is_refused():
+    from tiny import make_pair
+
+    from hf_vocabspec.generation.hooks import check_inputs
+
+    target, _ = make_pair()
+    drafter = _gpt2_drafter(16)
+    long_prompt = torch.randint(3, 60, (1, 20))
+    with pytest.raises(ValueError, match="prompt has 20 tokens but the drafter handles at most 16 positions"):
+        target.generate(long_prompt, assistant_model=drafter, max_new_tokens=4, do_sample=False)
+    ids = torch.randint(3, 60, (1, 10))
+    check_inputs(target, drafter, ids, None, max_length=16)
+    with pytest.raises(ValueError, match="reaches 20 positions but the drafter handles at most 16: shorten the prompt "
+                                         "or lower max_new_tokens to at most 6") as err:
+        check_inputs(target, drafter, ids, None, max_length=20)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("mask", "needle"), [
+    (torch.ones(3, 4, dtype=torch.long), "attention_mask has 3 rows but input_ids has 2 prompts"),
+    (torch.ones(4, dtype=torch.long), "attention_mask is 1-D (4,) but input_ids is (2, 4)"),
+    (torch.ones(2, 5, dtype=torch.long), "attention_mask has shape (2, 5) but input_ids has (2, 4)"),
+    (torch.full((2, 4), 2), "values other than 0 and 1"),
+    (torch.tensor([[1, 1, 1, 1], [0, 0, 0, 0]]), "row 1 is all zeros"),
+    ([[1, 1, 1, 1], [1, 1, 1, 1]], "is a list, not a tensor"),
+])
+def test_attention_mask_is_checked_as_given(mask, needle):
+    from hf_vocabspec.generation.hooks import check_attention_mask
+
+    ids = torch.tensor([[1, 5, 6, 7], [1, 8, 9, 10]])
+    check_attention_mask(ids, None)
+    check_attention_mask(ids, torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]))
+    with pytest.raises(ValueError, match=re_escape(needle)) as err:
+        check_attention_mask(ids, mask)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="1-D"):  # batch 1 too: transformers raises IndexError on it
+        check_attention_mask(ids[:1], torch.ones(4, dtype=torch.long))
+
+
+def re_escape(text: str) -> str:
+    import re
+
+    return re.escape(text)
+
+
+def test_generate_checks_the_attention_mask_as_given():
+    from tiny import make_pair
+
+    target, base = make_pair()
+    drafter = trim_drafter(base, torch.arange(3, 40))
+    ids = torch.tensor([[1, 5, 6, 7], [1, 8, 9, 10]])
+    for mask in (torch.ones(3, 4, dtype=torch.long), torch.ones(4, dtype=torch.long)):
+        try:
+            target.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=3, do_sample=False)
+        except ValueError as err:
+            assert "attention_mask" in str(err)
+        else:
+            raise AssertionError("accepted a mask that does not fit input_ids")
+
+
+def test_assistant_model_with_prompt_lookup_is_refused():
+    from transformers import GenerationConfig
+
+    from hf_vocabspec.generation.hooks import check_generate_kwargs
+
+    check_generate_kwargs(GenerationConfig(prompt_lookup_num_tokens=3))
+    check_generate_kwargs(GenerationConfig(), assistant_model=object())
+    with pytest.raises(ValueError, match="assistant_model= and prompt_lookup_num_tokens= each choose how drafts are "
+                                         "made .*pass one of them"):
+        check_generate_kwargs(GenerationConfig(prompt_lookup_num_tokens=3), assistant_model=object())
+
+
+def test_generate_refuses_assistant_model_with_prompt_lookup():
+    from tiny import make_pair
+
+    target, base = make_pair()
+    drafter = trim_drafter(base, torch.arange(3, 40))
+    try:
+        target.generate(torch.tensor([[1, 5, 6, 7]]), assistant_model=drafter, prompt_lookup_num_tokens=3,
+                        max_new_tokens=3, do_sample=False)
+    except ValueError as err:
+        assert "prompt_lookup_num_tokens" in str(err)
+    else:
+        raise AssertionError("drafted with the assistant and dropped prompt lookup without a word")
+
+
+def test_select_refuses_counts_of_special_tokens_only(capsys, no_loading, tmp_path, tok):
+    special = torch.tensor(sorted(set(tok.all_special_ids)))
+    counts = torch.zeros(len(tok), dtype=torch.int64)
+    counts[special] = 7
+    TokenCounts(counts, 5, 5, tok.name_or_path, tokenizer_sha256(tok)).save(tmp_path / "special.safetensors")
+    for command in ("select", "trim"):
+        rc, err = run_cli(capsys, command, "--counts", str(tmp_path / "special.safetensors"),
+                          "--output", str(tmp_path / "out"))
+        assert rc == 2 and "hold only special tokens" in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / "out").exists()
+
+
+def test_empty_assistant_turns_are_named_as_empty(tok):
+    rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": content}]}
+            for content in (None, "", "  \n")]
+    with pytest.raises(ValueError, match="all 3 assistant turn\\(s\\) have empty content") as err:
+        hf_vocabspec.count_assistant_tokens(rows, tok, progress=False)
+    assert "roles" not in str(err.value)
+
+
+@pytest.fixture
+def unwritable(tmp_path):
+    """A folder this process cannot create files in: a read-only one, or /sys where that is unwritable (root)."""
+    import tempfile
+
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder)
+    except OSError:
+        yield folder
+        folder.chmod(0o755)
+        return
+    os.close(fd)
+    os.unlink(probe)
+    folder.chmod(0o755)
+    try:
+        fd, probe = tempfile.mkstemp(dir="/sys")
+    except OSError:
+        yield Path("/sys")
+        return
+    os.close(fd)
+    os.unlink(probe)
+    pytest.skip("no folder this process cannot write")
+
+
+def test_unwritable_outputs_are_refused_before_any_work(capsys, no_loading, tmp_path, unwritable, saved):
+    capsys.readouterr()  # the fixture's save progress bar
+    for argv in (["count", "--output", str(unwritable / "counts.safetensors")],
+                 ["trim", "--k", "100", "--output", str(unwritable / "drafter")],
+                 ["bench", "--output", str(unwritable / "bench")]):
+        rc, err = run_cli(capsys, *argv)
+        assert rc == 2 and "cannot write in" in err and "choose a folder you can write" in err, err
+        assert len(err.strip().splitlines()) == 1 and ".tmp-" not in err, err
+    drafter, _ = saved
+    with pytest.raises(OSError, match="is not writable .*choose a folder you can write") as err:
+        drafter.save_pretrained(unwritable / "drafter")
+    assert ".tmp-" not in str(err.value)
+
+
+def test_model_cache_errors_are_one_line_naming_the_fix(monkeypatch, tmp_path, unwritable):
+    import errno
+
+    from hf_vocabspec.evaluation import offline
+
+    monkeypatch.setenv("HF_VOCABSPEC_CACHE", str(unwritable / "cache"))
+    with pytest.raises(OSError, match="model cache .* cannot be created .*set HF_VOCABSPEC_CACHE to a folder you can "
+                                      "write"):
+        offline.resolve_model_path(SMOL)
+    monkeypatch.setenv("HF_VOCABSPEC_CACHE", str(tmp_path / "cache"))
+
+    def full(final, build):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(offline, "build_once", full)
+    with pytest.raises(OSError, match="model cache .* is full .*free space there"):
+        offline.resolve_model_path(SMOL)
+    with pytest.raises(OSError, match="is full"):
+        offline.load_chat_dataset("offline:sharegpt")
+    monkeypatch.undo()
+    monkeypatch.setenv("HF_VOCABSPEC_CACHE", str(tmp_path / "cache"))
+    entry = tmp_path / "cache" / "v2" / "models" / SMOL.removeprefix("offline:")
+    entry.mkdir(parents=True)
+    (entry / "config.json").write_text("{broken")
+    for load in (offline.load_model, offline.load_tokenizer):
+        with pytest.raises(OSError, match="cached copy of offline:smollm2-135m-instruct .* is corrupt or incomplete "
+                                          ".*delete that folder") as err:
+            load(SMOL)
+        assert "\n" not in str(err.value)
+
+
+def test_messages_name_a_fix_that_exists(tmp_path, counts_file, capsys):
+    with pytest.raises(ValueError, match="counts go to `hf-vocabspec select --counts` or `trim --counts`"):
+        load_model(str(counts_file))
+    rc, err = run_cli(capsys, "bench", "--target", str(counts_file), "--output", str(tmp_path / "out"))
+    assert rc == 2 and "pass it as --counts" not in err and "select --counts" in err, err
+    LlamaForCausalLM(llama_config()).save_pretrained(tmp_path / "plain")
+    with pytest.raises(OSError, match="it is a plain model; trim it first .*hf-vocabspec trim --drafter") as err:
+        TrimmedDrafter.from_pretrained(tmp_path / "plain")
+    assert "copy or download" not in str(err.value)
+
+
+def test_generate_refuses_prompt_plus_new_tokens_beyond_the_drafter_s_positions():
+    from tiny import make_pair
+
+    target, _ = make_pair()
+    try:  # 10 + 10 > 16: the drafter's position embedding is indexed past its end (IndexError) unless refused
+        target.generate(torch.randint(3, 60, (1, 10)), assistant_model=_gpt2_drafter(16), max_new_tokens=10,
+                        do_sample=False)
+    except ValueError as err:
+        assert "lower max_new_tokens" in str(err)
+    else:
+        raise AssertionError("generated past the drafter's positions")

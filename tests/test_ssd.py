@@ -218,6 +218,20 @@ def test_config_refuses_bad_values_in_one_line(kwargs, match):
     assert "\n" not in str(err.value)
 
 
+def test_device_errors_are_one_line():
+    """issue #29: a device the worker cannot use, or one that cannot apply (sync mode), is refused in one line."""
+    with pytest.raises(ValueError, match="SSDConfig.device 'gpu' is not a torch device name: pass 'cpu'") as err:
+        SSDConfig(device="gpu")
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="SSDConfig.device 'cuda:99' is not available on this machine"):
+        SSDConfig(device="cuda:99")
+    SSDConfig(device="cpu", mode="worker")
+    _, base = make_pair()
+    drafter = hf_vocabspec.trim_drafter(base, torch.arange(3, 30))
+    with pytest.raises(ValueError, match="device='cpu' and mode='sync' contradict"):
+        SSDSession(drafter, SSDConfig(device="cpu"))
+
+
 def test_sync_fallback_says_so_and_stays_exact():
     """Inline tree building cannot beat ordinary drafting on the same compute: default settings fall back."""
     target, base = make_pair("llama", seed=3, head_scale=8.0)

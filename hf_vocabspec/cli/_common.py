@@ -7,6 +7,7 @@ import contextlib
 import fnmatch
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -277,7 +278,9 @@ def prepare_output(path: str | None, kind: str, *, overwrite: bool = False, opti
             if above.exists():
                 if not above.is_dir():
                     raise UsageError(f"{option} {path}: {str(above)!r} is a file, not a folder: choose another path.")
+                parent = above
                 break
+    check_writable(parent, f"{option} {path}")
     if not out.exists() and not out.is_symlink():
         return out
     if kind == "counts":
@@ -297,6 +300,20 @@ def prepare_output(path: str | None, kind: str, *, overwrite: bool = False, opti
         raise UsageError(f"{option} {path} exists and is not an earlier hf-vocabspec {kind} output (it holds "
                          f"{shown}): choose a new folder, or pass --overwrite to replace it and everything in it.")
     return out
+
+
+def check_writable(folder: Path, what: str) -> None:
+    """``folder`` must take new entries (outputs are written to a temp sibling and renamed): tried with a temp file,
+    removed at once, since permission bits say nothing for root or a read-only mount. Checked before any work."""
+    import tempfile
+
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".hf-vocabspec-probe-", dir=folder)
+    except OSError as err:
+        raise UsageError(f"{what}: cannot write in {str(folder)!r} ({err.strerror or type(err).__name__}): choose a "
+                         "folder you can write, or fix its permissions.") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 @contextlib.contextmanager

@@ -164,9 +164,30 @@ def _demo(args, out_dir: Path) -> int:
     return 0 if identical or not args.strict else 1
 
 
+# bench options the batched bench (--batch-sizes) does not read, and the one only it reads
+_PLAIN_BENCH_ONLY = ("ks", "workloads", "modes", "prompts", "context_tokens", "ssd", "ssd_mode")
+
+
+def check_bench_options(args) -> None:
+    """Every option bench cannot honour in this combination is refused, naming the conflict (else it is ignored)."""
+    if not args.batch_sizes:
+        if given(args, "batched_speculation"):
+            raise UsageError("--batched-speculation only applies with --batch-sizes (the batched bench): add "
+                             "--batch-sizes or drop it.")
+        return
+    ignored = given(args, *_PLAIN_BENCH_ONLY)
+    if ignored:
+        raise UsageError(f"--batch-sizes and {', '.join(ignored)} contradict: the batched bench trims one drafter at "
+                         "the first --coverages on --dataset, greedy; drop them or drop --batch-sizes.")
+    if len(args.coverages) > 1:
+        raise UsageError(f"--batch-sizes and {len(args.coverages)} --coverages contradict: the batched bench trims "
+                         "one drafter (pass one coverage).")
+
+
 def cmd_bench(args) -> int:
     if not args.coverages and not args.ks:
         raise UsageError("--coverages and --ks are both empty: nothing to trim and measure (give one of them).")
+    check_bench_options(args)
     out = prepare_output(args.output, "bench", overwrite=args.overwrite, parent_must_exist=False)
     check_dataset_name(args.dataset)
     for workload in args.workloads:
@@ -330,7 +351,7 @@ def register(sub) -> None:
     b.add_argument("--dataset", default="offline:sharegpt", help="domain the vocabulary is chosen on")
     b.add_argument("--count-examples", type=positive_int, default=4000)
     b.add_argument("--coverages", type=coverage_fraction, nargs="*", default=[0.9, 0.95, 0.99])
-    b.add_argument("--ks", type=positive_int, nargs="*", default=[], help="explicit kept sizes, e.g. a selected k and neighbours")
+    b.add_argument("--ks", type=positive_int, nargs="*", default=[], help="explicit kept sizes, trimmed besides those of --coverages (e.g. a selected k and neighbours)")
     b.add_argument("--workloads", nargs="+", default=["offline:sharegpt", "offline:humaneval"])
     b.add_argument("--modes", nargs="+", choices=["greedy", "t0.7", "t1"], default=["greedy"])
     b.add_argument("--prompts", type=positive_int, default=3)

@@ -83,6 +83,20 @@ def _check_reachable(args, counts) -> None:
                          f"reachable coverage is {best:.4f}; lower --min-coverage or raise --max-k.")
 
 
+def _check_not_only_special(counts, tokenizer, what: str) -> None:
+    """Counts whose tokens are all special (turn markers of empty answers) reach any coverage at the smallest k and say
+    nothing about the workload: refuse them rather than report k=50 at 100%."""
+    from ..drafter import chat_template_special_ids
+
+    special = sorted({int(i) for i in (*tokenizer.all_special_ids, *chat_template_special_ids(tokenizer))
+                      if 0 <= int(i) < counts.vocab_size})
+    counted = int(counts.counts.sum())
+    if counted and special and int(counts.counts[special].sum()) == counted:
+        raise UsageError(f"{what} hold only special tokens (ids {[i for i in special if counts.counts[i]][:5]}): "
+                         "the assistant turns counted carry no text, so any coverage is reached at the smallest k; "
+                         "count a dataset whose assistant turns hold text.")
+
+
 def _select(args, counts, model, out_dir: Path):
     """Run the vocabulary search; write selection.json, pareto.png (and latency.png when measured).
 
@@ -122,8 +136,10 @@ def cmd_select(args) -> int:
     out = prepare_output(args.output, "selection", overwrite=args.overwrite)
     check_storage(args.storage)
     counts = TokenCounts.load(args.counts)
-    counts.check_tokenizer(load_tokenizer(args.drafter), what=f"the counts in {args.counts}")
+    tokenizer = load_tokenizer(args.drafter)
+    counts.check_tokenizer(tokenizer, what=f"the counts in {args.counts}")
     _check_reachable(args, counts)
+    _check_not_only_special(counts, tokenizer, f"the counts in {args.counts}")
     model = load_model(args.drafter, dtype=DTYPES[args.dtype]).eval()
     state = {}
     atomic_directory(out, lambda tmp: state.update(result=_select(args, counts, model, tmp)[0]))
@@ -194,6 +210,7 @@ def cmd_trim(args) -> int:
             return 0
     if not args.k:
         _check_reachable(args, counts)
+    _check_not_only_special(counts, tokenizer, f"the counts in {args.counts}" if args.counts else "the counts")
     model = load_model(args.drafter, dtype=DTYPES[args.dtype]).eval()
     state = {}
 

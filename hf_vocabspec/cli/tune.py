@@ -24,6 +24,10 @@ from ._common import (
 
 def cmd_tune(args) -> int:
     refuse_together(args, "ks", ("coverages",), "--ks replaces the kept sizes --coverages would choose (drop one)")
+    if given(args, "confidence_thresholds") and (args.mode != "greedy" or args.acceptance != "drafter"):
+        conflict = f"--mode {args.mode}" if args.mode != "greedy" else f"--acceptance {args.acceptance}"
+        raise UsageError(f"--confidence-thresholds and {conflict} contradict: thresholds are simulated on greedy round "
+                         "profiles of the real drafter only (--mode greedy --acceptance drafter); drop one of them.")
     if not args.validate and given(args, "validate_draft_lengths", "validate_on"):
         raise UsageError(f"{', '.join(given(args, 'validate_draft_lengths', 'validate_on'))} only apply with "
                          "--validate PROMPTS (add it or drop them).")
@@ -85,7 +89,7 @@ def register(sub) -> None:
     t.add_argument("--draft-lengths", type=positive_int, nargs="+", default=[2, 3, 4, 5, 6, 8, 10, 12])
     t.add_argument("--confidence-thresholds", type=confidence_threshold, nargs="+", default=[0.0, 0.2, 0.3, 0.4, 0.5, 0.6],
                    help="stop a round's drafting after a draft the drafter gives less probability than this "
-                        "(greedy; 0 = never); searched with k and L")
+                        "(0 = never); searched with k and L (with --mode greedy and --acceptance drafter only)")
     t.add_argument("--mode", type=sampling_mode, default="greedy", help="'greedy' or 't<temperature>' (e.g. t1, t0.7)")
     t.add_argument("--n-trials", type=positive_int, default=None, help="default: the whole grid (exact argmax)")
     t.add_argument("--storage", default=None, help="journal file (or sqlite:///...) to resume the study")

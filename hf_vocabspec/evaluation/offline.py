@@ -13,6 +13,7 @@ and concurrent processes build it once. ``v2`` changes whenever the cached conte
 from __future__ import annotations
 
 import contextlib
+import errno
 import gzip
 import hashlib
 import importlib.metadata
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .._io import atomic_write, build_once
+from .._io import atomic_write, build_once, first_line
 from ..coverage import CHAT_ROLES
 from ..hub import register_origin
 
@@ -204,12 +205,48 @@ def list_offline_names() -> dict[str, str]:
     return names
 
 
+_CACHE_FIX = "set HF_VOCABSPEC_CACHE to a folder you can write with a few GB free"
+
+
 def cache_dir() -> Path:
     """``$HF_VOCABSPEC_CACHE`` or ``~/.cache/hf_vocabspec`` (created)."""
     env = os.environ.get("HF_VOCABSPEC_CACHE")
     path = Path(env).expanduser() if env else Path.home() / ".cache" / "hf_vocabspec"
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a file there, no permission, a read-only or full disk
+        raise OSError(f"The model cache {str(path)!r} cannot be created ({err.strerror or type(err).__name__}): "
+                      f"{_CACHE_FIX}.") from None
     return path
+
+
+def _cached(final: Path, build) -> Path:
+    """``build_once`` with the cache's own failures (unwritable, full) in one line naming the fix; a missing or
+    corrupt package (ChunkError, ...) keeps its own message."""
+    try:
+        return build_once(final, build)
+    except ChunkError:
+        raise
+    except Exception as err:  # OSError, or a writer's own error type carrying ENOSPC's text
+        no_space = getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(err)
+        if no_space:
+            raise OSError(f"The model cache {str(final.parents[2])!r} is full (building {final.name}): free space "
+                          f"there, or {_CACHE_FIX}.") from None
+        if getattr(err, "errno", None) in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise OSError(f"The model cache {str(final.parents[2])!r} is not writable ({err.strerror}): "
+                          f"{_CACHE_FIX}.") from None
+        raise
+
+
+def _damaged(err: BaseException) -> bool:
+    """Errors a damaged file gives (not out-of-memory or a bad argument): OSError, ValueError (JSON), safetensors'."""
+    return isinstance(err, (OSError, ValueError)) or type(err).__name__ in ("SafetensorError", "DatasetNotFoundError")
+
+
+def _corrupt_cache(name: str, path, err: BaseException) -> OSError:
+    """A cached entry that exists but cannot be read: what to delete so the next run rebuilds it."""
+    return OSError(f"The cached copy of {name} in {str(path)!r} is corrupt or incomplete ({first_line(err, 120)}): "
+                   f"delete that folder (rm -rf {str(path)!r}); the next run rebuilds it.")
 
 
 def _key(name: str, table: dict, kind: str) -> str:
@@ -363,7 +400,7 @@ def _check_local(name: str, what: str) -> None:
 
             with safe_open(str(path), framework="pt") as f:
                 if (f.metadata() or {}).get("format", "").startswith("hf_vocabspec"):
-                    kind = "an hf_vocabspec counts file (pass it as --counts)"
+                    kind = "an hf_vocabspec counts file (counts go to `hf-vocabspec select --counts` or `trim --counts`)"
         except Exception:  # noqa: BLE001, S110 (not safetensors: just a file)
             pass
         raise ValueError(f"{name!r} is {kind}, not a {what}: pass a model directory (with config.json), a Hub id "
@@ -384,7 +421,7 @@ def resolve_model_path(name_or_path: str) -> str:
         return name_or_path
     key = _key(name_or_path, _MODELS, "model")
     final = cache_dir() / _CACHE_VERSION / "models" / key
-    return str(build_once(final, lambda tmp: _convert_model(key, tmp)))
+    return str(_cached(final, lambda tmp: _convert_model(key, tmp)))
 
 
 def load_tokenizer(name_or_path: str, **kwargs: Any) -> PreTrainedTokenizerBase:
@@ -392,7 +429,13 @@ def load_tokenizer(name_or_path: str, **kwargs: Any) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     _check_local(name_or_path, "tokenizer")
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(name_or_path), **kwargs)
+    path = resolve_model_path(name_or_path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+    except Exception as err:
+        if is_offline_name(name_or_path) and _damaged(err):
+            raise _corrupt_cache(name_or_path, path, err) from err
+        raise
     if is_offline_name(name_or_path):  # record a portable name, not this machine's cache path
         tokenizer.name_or_path = name_or_path
     return tokenizer
@@ -409,9 +452,16 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, **kwargs: 
     _check_local(name_or_path, "model")
     path = resolve_model_path(name_or_path)
     if Path(path).is_dir() and not (Path(path) / "config.json").is_file():
+        if is_offline_name(name_or_path):
+            raise _corrupt_cache(name_or_path, path, FileNotFoundError("no config.json"))
         raise FileNotFoundError(f"{name_or_path!r} has no config.json: pass the directory a model was saved to "
                                 f"(save_pretrained), a Hub id or an offline name.")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
+    except Exception as err:
+        if is_offline_name(name_or_path) and _damaged(err):
+            raise _corrupt_cache(name_or_path, path, err) from err
+        raise
     if is_offline_name(name_or_path):
         model.config.name_or_path = name_or_path
     return model
@@ -516,7 +566,13 @@ def load_chat_dataset(name_or_path: str, split: str = "train", **kwargs: Any) ->
         if not split.startswith("train"):
             raise ValueError(f"{name_or_path} has only a 'train' split; got {split!r}.")
         final = cache_dir() / _CACHE_VERSION / "datasets" / key
-        ds = datasets.load_from_disk(str(build_once(final, build)))
+        built = _cached(final, build)
+        try:
+            ds = datasets.load_from_disk(str(built))
+        except Exception as err:
+            if not _damaged(err):
+                raise
+            raise _corrupt_cache(name_or_path, built, err) from err
         return _select_split(ds, name_or_path, split)
     _check_local(name_or_path, "dataset")
     path = Path(name_or_path).expanduser()

@@ -54,12 +54,11 @@ from transformers.cache_utils import (
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
 from ..cost import RoundModel
-from ..drafter import cache_kwarg
+from ..drafter import SPECULATION_MODES, cache_kwarg
 from .draft_step import DraftStep
 from .stats import SpeculationStats
 from .vocabulary import is_value_only
 
-SPECULATION_MODES = ("auto", "on", "off")
 # Rounds timed before the auto decision (the first round also pays the prefill, so it is not timed).
 PROBE_ROUNDS = 3
 # Plain decode steps timed for the decision (the fastest counts: the first calls of a new shape pay one-off costs).

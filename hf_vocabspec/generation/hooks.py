@@ -20,6 +20,7 @@ What moved in transformers and is absorbed here: the cache kwarg (``cache`` from
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import functools
 import inspect
@@ -32,11 +33,22 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .. import verify_head as _verify_head
 from .._versions import check, supported_range
-from ..drafter import TrimmedDrafter, VocabularyMapError, check_draft_length, forward_has_cache, tokenizer_sha256
+from ..drafter import (
+    TrimmedDrafter,
+    VocabularyMapError,
+    check_batched_speculation,
+    check_draft_length,
+    forward_has_cache,
+    position_limit,
+    tokenizer_sha256,
+)
 from .candidates import TrimmedCandidateGenerator
-from .engine import SPECULATION_MODES, SpeculativeEngine, unsupported_layer_types
+from .engine import SpeculativeEngine, unsupported_layer_types
 
 _ORIGINALS: dict[str, object] = {}
+# Set by _validate_generation_mode for the call under way: whether its assistant is ours (then
+# _prepare_model_inputs checks the caller's attention mask as given, before generate drops an all-ones mask).
+_OURS_CALL: contextvars.ContextVar[bool] = contextvars.ContextVar("hf_vocabspec_ours_call", default=False)
 _FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> sha256, hashed once
 
 
@@ -82,8 +94,12 @@ def check_trimmed_assistant(target, drafter: TrimmedDrafter, generation_config, 
                                  f"is not the one this drafter was trimmed with (tokenizer fingerprints differ); {fix}")
 
 
-def check_inputs(target, assistant, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
-    """Bad input to a speculative call fails here, in one line, before any forward pass."""
+def check_inputs(target, assistant, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                 max_length: int | None = None) -> None:
+    """Bad input to a speculative call fails here, in one line, before any forward pass.
+
+    ``max_length``: the total length generate will reach (prompt + max_new_tokens), checked against each model's
+    position limit (read under its architecture's name, see ``drafter.position_limit``); None checks the prompt."""
     vocab = target.config.get_text_config().vocab_size
     if input_ids.shape[-1] == 0:
         raise ValueError("The prompt is empty (input_ids has 0 tokens): give at least one token, e.g. the BOS token.")
@@ -103,12 +119,60 @@ def check_inputs(target, assistant, input_ids: torch.Tensor, attention_mask: tor
         if bool(holes.any()):
             raise ValueError("attention_mask has padding inside a prompt: only left padding is supported. Tokenize "
                              "with padding_side='left'.")
+    gen = getattr(assistant, "generation_config", None)
+    if gen is not None and getattr(gen, "batched_speculation", None) is not None:
+        check_batched_speculation(gen.batched_speculation)  # refused at every batch size, not only where it is read
+    prompt = input_ids.shape[-1]
     for model, role in ((target, "target"), (assistant, "drafter")):
-        config = getattr(getattr(model, "config", None), "get_text_config", None)
-        limit = getattr(config(), "max_position_embeddings", None) if config else None
-        if limit and input_ids.shape[-1] > limit:
-            raise ValueError(f"The prompt has {input_ids.shape[-1]} tokens but the {role} handles at most {limit} "
-                             "positions: shorten the prompt.")
+        limit = position_limit(model)
+        if not limit:
+            continue
+        if prompt > limit:
+            raise ValueError(f"The prompt has {prompt} tokens but the {role} handles at most {limit} positions: "
+                             "shorten the prompt.")
+        if max_length is not None and max_length > limit:
+            raise ValueError(f"The prompt ({prompt} tokens) plus max_new_tokens reaches {max_length} positions but the "
+                             f"{role} handles at most {limit}: shorten the prompt or lower max_new_tokens to at most "
+                             f"{limit - prompt}.")
+
+
+def check_attention_mask(input_ids: torch.Tensor, attention_mask) -> None:
+    """The caller's attention mask, checked AS GIVEN (before transformers drops an all-ones mask or indexes a 1-D
+    one): one row per prompt, the prompt's length, 0/1 values, no row without a token. Call it at the generate
+    entry, before transformers touches the kwargs."""
+    if attention_mask is None:
+        return
+    fix = "pass the mask the tokenizer returned with these ids (tokenizer(prompts, padding=True, return_tensors='pt'))"
+    if not isinstance(attention_mask, torch.Tensor):
+        raise ValueError(f"attention_mask is a {type(attention_mask).__name__}, not a tensor: {fix}.")
+    ids_shape, shape = tuple(input_ids.shape), tuple(attention_mask.shape)
+    if attention_mask.dim() == 1 and input_ids.dim() == 2:  # transformers indexes it as 2-D: IndexError, any batch
+        raise ValueError(f"attention_mask is 1-D {shape} but input_ids is {ids_shape} ({ids_shape[0]} prompt(s)): pass "
+                         f"one mask row per prompt, shape {ids_shape}; {fix}.")
+    if attention_mask.dim() == 2 and input_ids.dim() == 2 and shape[0] != ids_shape[0]:
+        raise ValueError(f"attention_mask has {shape[0]} rows but input_ids has {ids_shape[0]} prompts: {fix}.")
+    if shape != ids_shape:
+        raise ValueError(f"attention_mask has shape {shape} but input_ids has {ids_shape}: {fix}.")
+    if attention_mask.numel() and bool(((attention_mask != 0) & (attention_mask != 1)).any()):
+        raise ValueError(f"attention_mask holds values other than 0 and 1: {fix}.")
+    rows = attention_mask.reshape(ids_shape[0] if input_ids.dim() == 2 else 1, -1)
+    if rows.numel() and bool((rows == 0).all(-1).any()):
+        row = int((rows == 0).all(-1).nonzero()[0, 0])
+        raise ValueError(f"attention_mask row {row} is all zeros (a prompt with no token): drop that prompt or give "
+                         "it at least one token.")
+
+
+def check_generate_kwargs(generation_config, assistant_model=None) -> None:
+    """Refuse two ways of drafting in one call: transformers drafts with ``assistant_model`` and drops prompt lookup
+    (or early exit) without a word. Call it at the generate entry with the call's assistant_model."""
+    chosen = [name for name, on in (("assistant_model=", assistant_model is not None),
+                                    ("prompt_lookup_num_tokens=",
+                                     getattr(generation_config, "prompt_lookup_num_tokens", None) is not None),
+                                    ("assistant_early_exit=",
+                                     getattr(generation_config, "assistant_early_exit", None) is not None)) if on]
+    if len(chosen) > 1:
+        raise ValueError(f"{' and '.join(chosen)} each choose how drafts are made and only one would run "
+                         f"(transformers silently drops the others): pass one of them.")
 
 
 # Draft length of an untrimmed assistant left at transformers' default (20, meant for its confidence-stopped,
@@ -215,10 +279,7 @@ def _run_engine(target, assistant, bound: dict):
     reason = _engine_refusal(target, assistant, input_ids, generation_config, model_kwargs, bound)
     if reason:
         raise ValueError(reason)
-    speculation = getattr(assistant.generation_config, "batched_speculation", "auto")
-    if speculation not in SPECULATION_MODES:
-        raise ValueError(f"drafter.generation_config.batched_speculation must be one of {SPECULATION_MODES} "
-                         f"(got {speculation!r}).")
+    speculation = check_batched_speculation(getattr(assistant.generation_config, "batched_speculation", "auto"))
     stopping = bound.get("stopping_criteria")
     engine = SpeculativeEngine(
         target, assistant, input_ids, bound.get("logits_processor"), stopping, generation_config,
@@ -259,7 +320,16 @@ def install() -> None:
     get_generator = GenerationMixin._get_candidate_generator
     validate = GenerationMixin._validate_generation_mode
     assisted = GenerationMixin._assisted_decoding
+    prepare_inputs = GenerationMixin._prepare_model_inputs
     signature = inspect.signature(assisted)
+
+    @functools.wraps(prepare_inputs)
+    def _prepare_model_inputs(self, inputs=None, bos_token_id=None, model_kwargs=None):
+        given = (model_kwargs or {}).get("attention_mask")
+        out = prepare_inputs(self, inputs, bos_token_id, model_kwargs)
+        if _OURS_CALL.get() and out[1] == "input_ids":
+            check_attention_mask(out[0], given)
+        return out
 
     def _get_candidate_generator(self, *args, **kwargs):
         assistant = kwargs.get("assistant_model")
@@ -282,6 +352,9 @@ def install() -> None:
 
     def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs, *args, **kwargs):
         assistant = (generation_mode_kwargs or {}).get("assistant_model")
+        _OURS_CALL.set(is_ours(assistant))
+        if is_ours(assistant):
+            check_generate_kwargs(generation_config, assistant)
         if isinstance(assistant, TrimmedDrafter):
             check_trimmed_assistant(self, assistant, generation_config, generation_mode_kwargs)
         if is_ours(assistant) and generation_config.num_return_sequences > 1:
@@ -297,10 +370,12 @@ def install() -> None:
         model_kwargs = dict(bound.get("model_kwargs", {}))
         if not is_ours(assistant):
             if input_ids.shape[0] > 1 and batchable_plain_assistant(self, assistant, bound):
-                check_inputs(self, assistant, input_ids, model_kwargs.get("attention_mask"))
+                check_inputs(self, assistant, input_ids, model_kwargs.get("attention_mask"),
+                             bound["generation_config"].max_length)
                 return _run_engine(self, assistant, bound)
             return assisted(self, *args, **kwargs)
-        check_inputs(self, assistant, input_ids, model_kwargs.get("attention_mask"))
+        check_inputs(self, assistant, input_ids, model_kwargs.get("attention_mask"),
+                             bound["generation_config"].max_length)
         if getattr(assistant, "_hf_vocabspec_candidate_generator", None) is not None and input_ids.shape[0] == 1:
             return assisted(self, *args, **kwargs)  # SSD: its candidate generator inside transformers' loop
         with _verify_head.verify_head(self, enabled=_verify_head.wants_verify_head(assistant)):
@@ -309,7 +384,8 @@ def install() -> None:
     _get_candidate_generator.__wrapped__ = get_generator
     _validate_generation_mode.__wrapped__ = validate
     _ORIGINALS.update(_get_candidate_generator=get_generator, _validate_generation_mode=validate,
-                      _assisted_decoding=assisted)
+                      _assisted_decoding=assisted, _prepare_model_inputs=prepare_inputs)
+    GenerationMixin._prepare_model_inputs = _prepare_model_inputs
     GenerationMixin._get_candidate_generator = _get_candidate_generator
     GenerationMixin._validate_generation_mode = _validate_generation_mode
     GenerationMixin._assisted_decoding = _assisted_decoding

@@ -57,6 +57,8 @@ class SSDConfig:
             raise ValueError(f"SSDConfig.draft_threads must be an integer >= 1; got {self.draft_threads!r}.")
         if isinstance(self.probe_rounds, bool) or not isinstance(self.probe_rounds, int) or self.probe_rounds < 1:
             raise ValueError(f"SSDConfig.probe_rounds must be an integer >= 1; got {self.probe_rounds!r}.")
+        if self.device is not None:
+            check_device(self.device, "SSDConfig.device")
         t = self.worker_timeout_s
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
             raise ValueError(f"SSDConfig.worker_timeout_s must be > 0 seconds; got {t!r}.")
@@ -64,6 +66,29 @@ class SSDConfig:
     def to_dict(self) -> dict:
         """Plain JSON-able values (what the worker receives)."""
         return dataclasses.asdict(self)
+
+
+def check_device(device: object, what: str) -> None:
+    """A device the worker's drafter can move to: named as torch names it, and present on this machine (checked
+    here, in one line, instead of a traceback from the worker process)."""
+    import torch
+
+    fix = "pass 'cpu', 'cuda', 'cuda:N' or another device torch has here, or None (the drafter's own device)"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"{what} {device!r} is not a torch device name: {fix}.") from None
+    if dev.type == "cuda":  # counted without creating a CUDA context in this process (the worker makes its own)
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (dev.index or 0) >= count:
+            raise ValueError(f"{what} {device!r} is not available on this machine ({count} CUDA device(s) here): "
+                             f"{fix}.")
+        return
+    try:
+        torch.empty(0, device=dev)
+    except (RuntimeError, AssertionError, ValueError) as err:  # backend missing or not built in
+        why = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)[:120]
+        raise ValueError(f"{what} {device!r} is not available on this machine ({why}): {fix}.") from None
 
 
 def fix_draft_length(generator, ssd_config: SSDConfig) -> int:

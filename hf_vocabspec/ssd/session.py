@@ -34,6 +34,10 @@ class SSDSession:
             raise TypeError(f"SSDSession needs a TrimmedDrafter (hf_vocabspec.trim_drafter); got {type(drafter).__name__}.")
         if ssd_config is not None and not isinstance(ssd_config, SSDConfig):
             raise TypeError(f"SSDSession takes an hf_vocabspec.ssd.SSDConfig; got {type(ssd_config).__name__}.")
+        if ssd_config is not None and ssd_config.mode == "sync" and ssd_config.device is not None:
+            raise ValueError(f"SSDConfig.device={ssd_config.device!r} and mode='sync' contradict: device places the "
+                             "worker's drafter, and sync drafts in this process on the drafter's own device; use "
+                             "mode='worker', or drop device and move the drafter (drafter.to(device)).")
         self.drafter = drafter
         self.ssd_config = ssd_config or SSDConfig()
         self.last_stats: SSDStats | None = None
