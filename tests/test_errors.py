@@ -685,9 +685,9 @@ def test_checkpoint_check_accepts_architectures_with_other_field_names(tmp_path)
 # --- issue #29: silently ignored or lost ----------------------------------------------------------------------------
 def test_batched_speculation_survives_save_and_load_and_one_home(tmp_path):
     from hf_vocabspec import drafter as drafter_module
-    from hf_vocabspec.generation import batched
+    from hf_vocabspec.generation import engine
 
-    assert batched.SPECULATION_MODES is drafter_module.SPECULATION_MODES  # one home of the valid values
+    assert engine.SPECULATION_MODES is drafter_module.SPECULATION_MODES  # one home of the valid values
     torch.manual_seed(0)
     drafter = trim_drafter(LlamaForCausalLM(llama_config()), torch.arange(3, 30))
     for value in ("off", "on", "auto"):
