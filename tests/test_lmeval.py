@@ -64,7 +64,7 @@ def _cli(out: Path, model: str, model_args: str, tasks: str, *, batch_size: int 
 
 
 def _samples(out: Path, task: str) -> dict[int, list]:
-    files = glob.glob(str(out / "*" / f"samples_{task}_*.jsonl"))
+    files = glob.glob(str(out / "*" / f"samples_{task}_2*.jsonl"))  # _2<date>: not <task>_loglik
     assert len(files) == 1, files
     rows = [json.loads(line) for line in Path(files[0]).read_text().splitlines() if line.strip()]
     return {r["doc_id"]: r["resps"] for r in rows}
