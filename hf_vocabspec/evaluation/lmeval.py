@@ -16,6 +16,7 @@ reported with lm-eval's results (``config.speculation`` in results_*.json, a pri
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import types
@@ -55,11 +56,12 @@ def check_drafter_for(drafter: str, target: str, tokenizer: str | None = None) -
     model or task loads."""
     from transformers import AutoConfig
 
+    from ..drafter import MODEL_TYPE
     from ..hub import check_drafter_compatibility
     from .offline import load_tokenizer
 
     config = AutoConfig.from_pretrained(_resolve(drafter, "drafter"))
-    if getattr(config, "target_tokenizer_sha256", "missing") == "missing":
+    if config.model_type != MODEL_TYPE:
         raise ValueError(f"drafter={drafter} is a {config.model_type!r} model, not an hf_vocabspec trimmed drafter: "
                          "trim it first (`hf-vocabspec trim`) and pass the trimmed folder.")
     check_drafter_compatibility(types.SimpleNamespace(config=config), tokenizer=load_tokenizer(tokenizer or target))
@@ -68,6 +70,8 @@ def check_drafter_for(drafter: str, target: str, tokenizer: str | None = None) -
 @register_model(BACKEND)
 class VocabSpecLM(HFLM):
     """HFLM whose generate calls draft with a trimmed drafter (``drafter=``; without one it is the ``hf`` backend).
+
+    ``drafter_dtype`` defaults to the dtype the drafter was saved in (``dtype`` is the target's, as in HFLM).
 
     ``pretrained`` / ``drafter`` may also be loaded models (the Python route, ``simple_evaluate(model=...)``).
     Under ``accelerate launch`` on CPU (no GPUs) the requests are split across the processes too, which lm-eval's
@@ -84,10 +88,14 @@ class VocabSpecLM(HFLM):
             pretrained = _resolve(pretrained, "pretrained")
         if isinstance(tokenizer, str):
             kwargs["tokenizer"] = _resolve(tokenizer, "tokenizer")
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available():
+            from accelerate import PartialState
+
+            PartialState(cpu=True)  # HFLM's Accelerator() would see one process on a GPU-less machine
         super().__init__(pretrained, **kwargs)
         self._split_on_cpu()
         self.drafter_name = drafter if isinstance(drafter, str) else getattr(drafter, "name_or_path", None)
-        self.drafter = self._load_drafter(drafter, drafter_dtype or kwargs.get("dtype"))
+        self.drafter = self._load_drafter(drafter, drafter_dtype)
         self.speculation = SpeculationStats()
         self.generate_calls = 0
         self.generate_seconds = 0.0
@@ -95,7 +103,7 @@ class VocabSpecLM(HFLM):
         self._publish()
 
     def _split_on_cpu(self) -> None:
-        """HFLM shards requests across `accelerate launch` processes only when it sees GPUs; do it on CPU too."""
+        """HFLM shards requests across `accelerate launch` processes only when it counts GPUs; do it on CPU too."""
         acc = getattr(self, "accelerator", None)
         if acc is not None and acc.num_processes > 1 and self.world_size == 1 and self.device.type == "cpu":
             self._rank, self._world_size = acc.process_index, acc.num_processes
@@ -224,7 +232,8 @@ def precheck(argv: list[str]) -> None:
         raise UsageError("--model hf-vocabspec needs --model_args pretrained=<target>[,drafter=<trimmed drafter>]: "
                          "add pretrained=...")
     if args.get("drafter"):
-        check_drafter_for(str(args["drafter"]), str(target), args.get("tokenizer"))
+        tokenizer = args.get("tokenizer")
+        check_drafter_for(str(args["drafter"]), str(target), str(tokenizer) if tokenizer else None)
     else:
         _resolve(str(target), "pretrained")
 
