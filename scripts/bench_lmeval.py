@@ -109,8 +109,8 @@ def main() -> None:
                             f"{r['tok_s']:.1f} | {f'{speed:.2f}x' if speed else '-'} | "
                             f"{'yes' if same else 'NO'} | {f'{tau:.2f}' if tau else '-'} |")
         del target, drafter
-    header = (f"lm-eval {args.task}, limit {args.limit}, max_gen_toks {args.max_gen_toks}, greedy; {report['machine']}, "
-              f"{report['torch_threads']} torch threads, {report['date']}\n\n"
+    header = (f"lm-eval {args.task}, limit {args.limit}, max_gen_toks {args.max_gen_toks}, greedy; "
+              f"{report['machine']}, {report['torch_threads']} torch threads, {report['date']}\n\n"
               "| pair | batch | backend | wall s | tokens | tok/s | vs hf | identical | tau |\n"
               "|---|---:|---|---:|---:|---:|---:|---|---:|")
     table = header + "\n" + "\n".join(rows)

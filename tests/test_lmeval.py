@@ -132,9 +132,8 @@ def task_manager():
 def _evaluate(lm, task_manager, task: str, limit: int = 3, max_gen_toks: int = 12, **kw) -> dict:
     import lm_eval
 
-    return lm_eval.simple_evaluate(model=lm, tasks=[task], task_manager=task_manager,
-                                   limit=limit, log_samples=True, gen_kwargs=f"max_gen_toks={max_gen_toks}", bootstrap_iters=0,
-                                   **kw)
+    return lm_eval.simple_evaluate(model=lm, tasks=[task], task_manager=task_manager, limit=limit, log_samples=True,
+                                   gen_kwargs=f"max_gen_toks={max_gen_toks}", bootstrap_iters=0, **kw)
 
 
 def _resps(results: dict, task: str) -> dict[int, list]:
@@ -159,7 +158,8 @@ def test_loglikelihood_equals_hf_backend(tiny, task_manager):
     from lm_eval.models.huggingface import HFLM
 
     tokenizer, target, drafter, _ = tiny
-    ref = _evaluate(HFLM(pretrained=target, tokenizer=tokenizer, batch_size=2), task_manager, "vocabspec_humaneval_loglik")
+    hf = HFLM(pretrained=target, tokenizer=tokenizer, batch_size=2)
+    ref = _evaluate(hf, task_manager, "vocabspec_humaneval_loglik")
     lm = VocabSpecLM(pretrained=target, tokenizer=tokenizer, drafter=str(drafter), batch_size=2)
     ours = _evaluate(lm, task_manager, "vocabspec_humaneval_loglik")
     assert ours["results"] == ref["results"]

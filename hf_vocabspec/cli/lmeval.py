@@ -11,7 +11,8 @@ def cmd_lmeval(args) -> int:
     except ImportError as err:
         if "lm_eval" not in str(err):
             raise
-        raise ImportError("lm-eval is not installed: pip install 'hf_vocabspec[lmeval]' (pins lm-eval 0.4.13).") from err
+        raise ImportError("lm-eval is not installed: pip install 'hf_vocabspec[lmeval]' (pins lm-eval 0.4.13).") \
+            from err
     return run_cli(args.lmeval_args)
 
 
@@ -23,5 +24,6 @@ def register(sub) -> None:
                     "drafter=<trimmed drafter> --tasks ... . `hf-vocabspec lm-eval tasks-dir` prints the folder of "
                     "the offline tasks (vocabspec_humaneval, vocabspec_sharegpt, ...) to pass as --include_path. "
                     "Under accelerate: accelerate launch -m hf_vocabspec.lmeval run ...")
-    p.add_argument("lmeval_args", nargs=argparse.REMAINDER, help="lm-eval's arguments, e.g. run --model hf-vocabspec ...")
+    p.add_argument("lmeval_args", nargs=argparse.REMAINDER,
+                   help="lm-eval's arguments, e.g. run --model hf-vocabspec ...")
     p.set_defaults(func=cmd_lmeval)
