@@ -83,7 +83,6 @@ class VocabSpecLM(HFLM):
         tokenizer = kwargs.get("tokenizer")
         if isinstance(drafter, str) and isinstance(pretrained, str):
             check_drafter_for(drafter, pretrained, tokenizer if isinstance(tokenizer, str) else None)
-        self.target_name = pretrained if isinstance(pretrained, str) else getattr(pretrained, "name_or_path", "")
         if isinstance(pretrained, str):
             pretrained = _resolve(pretrained, "pretrained")
         if isinstance(tokenizer, str):
@@ -99,6 +98,7 @@ class VocabSpecLM(HFLM):
         self.speculation = SpeculationStats()
         self.generate_calls = 0
         self.generate_seconds = 0.0
+        self.decisions: dict[str, int] = {}  # the batched loop's decision per generate call ("" at batch 1)
         self._all_ranks: list[dict] | None = None
         self._publish()
 
@@ -132,8 +132,11 @@ class VocabSpecLM(HFLM):
         out = super()._model_generate(context, max_length, stop, assistant_model=self.drafter, **generation_kwargs)
         self.generate_seconds += time.perf_counter() - start
         self.generate_calls += 1
-        if self.drafter.last_speculation_stats is not None:
-            self.speculation.add(self.drafter.last_speculation_stats)
+        stats = self.drafter.last_speculation_stats
+        if stats is not None:
+            self.speculation.add(stats)
+            if stats.decision:
+                self.decisions[stats.decision] = self.decisions.get(stats.decision, 0) + 1
         return out
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
@@ -148,7 +151,8 @@ class VocabSpecLM(HFLM):
         _LATEST.update(rank=self.rank, report=self.speculation_report())
 
     def _own_counters(self) -> dict:
-        return {"stats": self.speculation.to_dict(), "calls": self.generate_calls, "seconds": self.generate_seconds}
+        return {"stats": self.speculation.to_dict(), "calls": self.generate_calls, "seconds": self.generate_seconds,
+                "decisions": self.decisions}
 
     def speculation_report(self) -> dict:
         """Summed speculation counters of this run (all processes on rank 0 under accelerate launch)."""
@@ -156,14 +160,17 @@ class VocabSpecLM(HFLM):
         total = SpeculationStats()
         for r in ranks:
             total.add(SpeculationStats.from_dict(r["stats"]))
-        decisions = sorted({SpeculationStats.from_dict(r["stats"]).decision for r in ranks} - {""})
+        decisions: dict[str, int] = {}
+        for r in ranks:
+            for what, n in r["decisions"].items():
+                decisions[what] = decisions.get(what, 0) + n
         return {
             "drafter": self.drafter_name, "processes": len(ranks),
             "generate_calls": sum(r["calls"] for r in ranks),
             "generate_seconds": round(sum(r["seconds"] for r in ranks), 4),
             "tau": round(total.mean_accepted_length, 4), "acceptance_rate": round(total.acceptance_rate, 4),
             "accepted": total.accepted, "proposed": total.proposed, "rounds": total.rounds,
-            "row_rounds": total.row_rounds, "decision": ", ".join(decisions) or total.decision,
+            "row_rounds": total.row_rounds, "decision": ", ".join(f"{d} x{n}" for d, n in sorted(decisions.items())),
             "draft_seconds": round(total.draft_seconds, 4), "verify_seconds": round(total.verify_seconds, 4),
         }
 
