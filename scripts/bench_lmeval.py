@@ -96,7 +96,7 @@ def main() -> None:
                 except Exception as err:  # noqa: BLE001 - reported in the table (e.g. batch > 1 before issue 27)
                     runs[backend] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"}
             hf, ours = runs["hf"], runs["hf-vocabspec"]
-            same = "error" not in hf and "error" not in ours and hf["resps"] == ours["resps"]
+            same = None if "error" in hf or "error" in ours else hf["resps"] == ours["resps"]
             for backend, r in runs.items():
                 report["runs"].append({"pair": pair, "batch_size": bs, "backend": backend, "identical_to_hf": same,
                                        **{k: v for k, v in r.items() if k != "resps"}})
@@ -107,7 +107,7 @@ def main() -> None:
                 tau = (r.get("speculation") or {}).get("tau")
                 rows.append(f"| {pair.upper()} | {bs} | {backend} | {r['wall_s']:.1f} | {r['tokens']} | "
                             f"{r['tok_s']:.1f} | {f'{speed:.2f}x' if speed else '-'} | "
-                            f"{'yes' if same else 'NO'} | {f'{tau:.2f}' if tau else '-'} |")
+                            f"{'-' if same is None else 'yes' if same else 'NO'} | {f'{tau:.2f}' if tau else '-'} |")
         del target, drafter
     header = (f"lm-eval {args.task}, limit {args.limit}, max_gen_toks {args.max_gen_toks}, greedy; "
               f"{report['machine']}, {report['torch_threads']} torch threads, {report['date']}\n\n"
