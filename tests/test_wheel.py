@@ -68,6 +68,8 @@ def test_wheel_install_builds_a_card_and_round_trips_a_drafter(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "hf_vocabspec/templates/drafter_card.md" in names, "card template missing from the wheel"
     assert "hf_vocabspec/custom_generate/generate.py" in names or any("custom_generate" in n for n in names)
+    tasks = "hf_vocabspec/evaluation/lmeval_tasks/"
+    assert {tasks + "vocabspec_humaneval.yaml", tasks + "utils.py"} <= set(names), "lm-eval tasks missing from the wheel"
     subprocess.run([*pip, "install", "--no-deps", "--target", str(target), str(wheel)], check=True,
                    capture_output=True, text=True, timeout=600)
     elsewhere = tmp_path / "elsewhere"

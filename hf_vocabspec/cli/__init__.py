@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import evaluation, pipeline, tune
+from . import evaluation, lmeval, pipeline, tune
 from ._common import UsageError, explicit_options
 
 
@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     pipeline.register(sub)
     evaluation.register(sub)
     tune.register(sub)
+    lmeval.register(sub)
     _fill_help(p)
     return p
 
