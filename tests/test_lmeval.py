@@ -242,7 +242,6 @@ def test_cli_outputs_equal_hf_backend_at_batch_1(smol, tmp_path):
 
 
 @pytest.mark.integration
-@pytest.mark.xfail(reason="needs the batched engine's whole-batch stopping criteria (issue 27)", strict=False)
 def test_cli_outputs_equal_hf_backend_at_batch_4(smol, tmp_path):
     target, drafter, _ = smol
     _cli(tmp_path / "ours", "hf-vocabspec", f"pretrained={SMOL},drafter={drafter},dtype=float32", TASKS,
