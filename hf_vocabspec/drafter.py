@@ -138,6 +138,27 @@ def output_cache(out):
     return cache if cache is not None else getattr(out, "past_key_values", None)
 
 
+def target_rows(target) -> int:
+    """The target's id space: its config's vocab_size or its head's rows, whichever is larger (padded heads)."""
+    sizes = [int(getattr(target.config.get_text_config(), "vocab_size", 0) or 0)]
+    head = target.get_output_embeddings() if hasattr(target, "get_output_embeddings") else None
+    if head is not None and getattr(head, "weight", None) is not None:
+        sizes.append(int(head.weight.shape[0]))
+    return max(sizes)
+
+
+def vocab_fit_error(drafter_vocab: int, target_vocab: int) -> str | None:
+    """Why a drafter's id space cannot serve a target (None: it can): every draft id must be a row of the target.
+    A target whose embedding is padded past its tokenizer fits (Qwen2.5-7B has 152,064 rows, its 0.5B drafter
+    151,936 ids: same tokenizer); a drafter with more ids than the target has rows does not. The ONE rule, used by
+    generate, load_drafter, the CLI and SSD (the tokenizer fingerprint is checked beside it where a tokenizer is
+    known)."""
+    if drafter_vocab > target_vocab:
+        return (f"This trimmed drafter maps into a vocabulary of {drafter_vocab:,} tokens but the target has "
+                f"{target_vocab:,}: drafter and target must share a tokenizer")
+    return None
+
+
 def check_draft_length(num_assistant_tokens: object) -> None:
     """Refuse a draft length that is not a positive integer (the drafter drafts that many tokens per round)."""
     n = num_assistant_tokens

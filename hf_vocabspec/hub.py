@@ -23,7 +23,7 @@ from typing import Any
 from huggingface_hub.errors import EntryNotFoundError
 
 from ._io import atomic_write
-from .drafter import MODEL_TYPE, TrimmedDrafter, VocabularyMapError, tokenizer_sha256
+from .drafter import MODEL_TYPE, TrimmedDrafter, VocabularyMapError, target_rows, tokenizer_sha256, vocab_fit_error
 
 logger = logging.getLogger(__name__)
 
@@ -515,21 +515,16 @@ def _parse_config(path: Path, where: str) -> dict:
     return config
 
 
-def _target_vocab_size(target) -> int:
-    sizes = [int(target.config.get_text_config().vocab_size or 0)]
-    head = target.get_output_embeddings() if hasattr(target, "get_output_embeddings") else None
-    if head is not None and getattr(head, "weight", None) is not None:
-        sizes.append(int(head.weight.shape[0]))
-    return max(sizes)
-
-
 def check_drafter_compatibility(drafter: TrimmedDrafter, *, target=None, tokenizer=None) -> None:
     """Raise :class:`DrafterMismatchError` when ``drafter`` does not belong to ``target`` / ``tokenizer``."""
     cfg = drafter.config
     trimmed_for = cfg.target_model or "an unrecorded target"
     if target is not None:
-        target_vocab = _target_vocab_size(target)
-        if target_vocab != cfg.vocab_size:
+        target_vocab = target_rows(target)
+        confirmed = (tokenizer is not None and cfg.target_tokenizer_sha256
+                     and tokenizer_sha256(tokenizer) == cfg.target_tokenizer_sha256)
+        # a padded target (more rows than the drafter's ids) fits once the tokenizer confirms it is the same one
+        if vocab_fit_error(cfg.vocab_size, target_vocab) or (target_vocab != cfg.vocab_size and not confirmed):
             raise DrafterMismatchError(
                 f"This drafter was trimmed for a {cfg.vocab_size:,}-token vocabulary ({trimmed_for}), but the target "
                 f"{getattr(target.config, '_name_or_path', '') or type(target).__name__} has {target_vocab:,} "

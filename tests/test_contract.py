@@ -328,3 +328,80 @@ def test_stateful_drafter_is_refused_at_trim():
                                            attention_hidden_size=32, intermediate_size=64)).eval()
     with pytest.raises(ValueError, match="stateful"):
         hf_vocabspec.trim_drafter(model, KEEP)
+
+
+def test_trim_reads_configs_without_special_ids():
+    """CodeGen's config has no pad_token_id attribute at all (AttributeError before)."""
+    config = T.CodeGenConfig(n_embd=32, n_layer=2, n_head=4, rotary_dim=4, vocab_size=VOCAB)
+    drafter = hf_vocabspec.trim_drafter(T.CodeGenForCausalLM(config).eval(), KEEP)
+    assert drafter.config.pad_token_id is None
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_confidence_threshold_stops_rows_at_every_batch_size(batch):
+    """A tuned drafter's confidence stop behaves the same at batch 1 and 3: rows propose fewer drafts after an
+    unsure one, and the output is still target-only's."""
+    ref, out = run_case("llama", batch, "confidence_threshold")
+    assert torch.equal(out, ref)
+    stats = pair("llama")[1].last_speculation_stats
+    assert any(p < 4 for p in stats.per_round_proposed)
+
+
+# --- a target whose embedding is padded past the tokenizer (Qwen2.5-7B: 152,064 rows, its 0.5B drafter: 151,936) ---
+PADDED = VOCAB + 8
+
+
+def padded_pair():
+    """Target with 72 head rows (8 padded, as real checkpoints pad to a multiple of 64/128), drafter with 64 ids."""
+    torch.manual_seed(0)
+    target = T.LlamaForCausalLM(T.LlamaConfig(**_SMALL, tie_word_embeddings=False,
+                                              **{**_COMMON, "vocab_size": PADDED})).eval().double()
+    base = T.LlamaForCausalLM(T.LlamaConfig(**_SMALL, tie_word_embeddings=False, **_COMMON)).eval().double()
+    with torch.no_grad():
+        target.get_output_embeddings().weight.mul_(6.0)
+        # the drafter: the target's first 64 rows and a perturbed copy of its body (q close to p, not equal)
+        base.load_state_dict({k: v[:VOCAB] if v.shape[0] == PADDED else v for k, v in target.state_dict().items()})
+        for p in base.parameters():
+            p.add_(0.3 * p.std() * torch.randn_like(p))
+    target.generation_config.pad_token_id = 0
+    drafter = hf_vocabspec.trim_drafter(base, KEEP).double()
+    drafter.generation_config.num_assistant_tokens = 3
+    drafter.generation_config.batched_speculation = "on"
+    return target, drafter
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_padded_target_embedding_is_compatible_and_exact(batch):
+    target, drafter = padded_pair()
+    ids, mask = prompts(batch)
+    kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=16, repetition_penalty=1.3)
+    assert torch.equal(target.generate(**kw, assistant_model=drafter), target.generate(**kw))
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_padded_target_sampled_law_is_exact(wrong, monkeypatch):
+    """First-token marginal over all 72 target rows (50 rows of one call x 30 calls), chi-square p >= 1e-3; the
+    same draw with the draft law scattered onto the wrong ids must fail (power)."""
+    from marginals import PVALUE_THRESHOLD, chi2_pvalue
+
+    from hf_vocabspec.generation import DraftVocabulary
+
+    target, drafter = padded_pair()
+    with torch.no_grad():
+        target.get_output_embeddings().weight.mul_(0.5)  # a flatter p: pruned and padded rows carry mass
+    if wrong:
+        original = DraftVocabulary.scatter
+
+        def wrong_scatter(self, values, fill=float("-inf"), size=None):
+            return original(self, values.flip(-1), fill, size)
+
+        monkeypatch.setattr(DraftVocabulary, "scatter", wrong_scatter)
+    prompt = torch.tensor([[1, 5, 7, 12, 9]])
+    with torch.no_grad():
+        p1 = target(prompt).logits[0, -1].softmax(-1).double()
+    torch.manual_seed(3)
+    firsts = torch.cat([target.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True, top_k=0,
+                                        max_new_tokens=2, num_return_sequences=50, assistant_model=drafter)[:, 5]
+                        for _ in range(30)])
+    pvalue = chi2_pvalue(firsts, p1)
+    assert (pvalue < PVALUE_THRESHOLD) if wrong else (pvalue >= PVALUE_THRESHOLD), pvalue

@@ -183,9 +183,11 @@ def rdk_pair():
     return target, drafter, probe
 
 
-def test_rdk_sampling_t1_is_lossless_and_proposes_pruned_tokens(rdk_pair):
+@pytest.mark.parametrize("batch", [1, 50])
+def test_rdk_sampling_t1_is_lossless_and_proposes_pruned_tokens(rdk_pair, batch):
+    """Batch 1 and 50 rows of one call (the engine serves RDK at every batch size)."""
     target, drafter, probe = rdk_pair
-    check_lossless(target, drafter, {}, pruned_probe=probe)
+    check_lossless(target, drafter, {}, pruned_probe=probe, batch=batch)
     assert drafter.last_speculation_stats.pruned_proposed > 0
 
 
@@ -197,7 +199,8 @@ def test_rdk_sampling_with_fitted_kernel_and_warpers_is_lossless():
     check_lossless(target, drafter, {"temperature": 0.7, "top_k": 20, "top_p": 0.9})
 
 
-def test_rdk_with_wrong_q_is_detected(rdk_pair, monkeypatch):
+@pytest.mark.parametrize("batch", [1, 50])
+def test_rdk_with_wrong_q_is_detected(rdk_pair, monkeypatch, batch):
     """Power check: RDK draws verified against the vanilla q' (pruned tokens at q=0) must fail."""
     target, drafter, probe = rdk_pair
 
@@ -208,7 +211,7 @@ def test_rdk_with_wrong_q_is_detected(rdk_pair, monkeypatch):
 
     monkeypatch.setattr(RDKKernel, "redistribute", vanilla_q)
     with pytest.raises(AssertionError):
-        check_lossless(target, drafter, {}, pruned_probe=probe)
+        check_lossless(target, drafter, {}, pruned_probe=probe, batch=batch)
 
 
 def test_rdk_is_inert_under_greedy_and_switchable(rdk_pair):

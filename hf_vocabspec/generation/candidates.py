@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from transformers.generation.candidate_generator import AssistedCandidateGenerator
 
-from ..drafter import TrimmedDrafter, VocabularyMapError
+from ..drafter import TrimmedDrafter, VocabularyMapError, vocab_fit_error
 from .draft_step import DraftStep
 from .stats import SpeculationStats
 
@@ -34,12 +34,9 @@ class TrimmedCandidateGenerator(AssistedCandidateGenerator):
         super().__init__(input_ids, assistant_model, generation_config, model_kwargs, inputs_tensor, logits_processor)
         drafter = assistant_model
         drafter.validate_vocab_map()
-        if target_vocab_size is not None and target_vocab_size != drafter.config.vocab_size:
-            raise VocabularyMapError(
-                f"The drafter was trimmed for a vocabulary of {drafter.config.vocab_size} tokens but the target has "
-                f"{target_vocab_size}: drafter and target must share a tokenizer. Trim a drafter that uses the "
-                "target's tokenizer (hf_vocabspec.trim_drafter)."
-            )
+        why = vocab_fit_error(drafter.config.vocab_size, target_vocab_size or drafter.config.vocab_size)
+        if why:
+            raise VocabularyMapError(f"{why}. Trim a drafter that uses the target's tokenizer (hf_vocabspec.trim_drafter).")
         if generation_config.assistant_ensemble_weight is not None:
             raise ValueError(
                 "assistant_ensemble_weight makes verification lossy; hf_vocabspec only does lossless speculative "
@@ -57,8 +54,10 @@ class TrimmedCandidateGenerator(AssistedCandidateGenerator):
         self.drafter = drafter
         self.do_sample = bool(generation_config.do_sample)
         self._stats = SpeculationStats()
+        self.target_vocab_size = target_vocab_size or drafter.config.vocab_size
         self.step = DraftStep(drafter, self.logits_processor, do_sample=self.do_sample,
-                              confidence_threshold=self.assistant_confidence_threshold or 0.0, stats=self._stats)
+                              confidence_threshold=self.assistant_confidence_threshold or 0.0, stats=self._stats,
+                              vocab_size=self.target_vocab_size)
         self.vocab = self.step.vocab
         self.rdk = self.step.rdk
         self.draft_processors = self.step.processors
@@ -120,7 +119,7 @@ class TrimmedCandidateGenerator(AssistedCandidateGenerator):
                 break
         if not laws:
             return seq, None
-        q = self.step.q_target(torch.stack(laws, dim=1), self.drafter.config.vocab_size)  # once per round: (1, L, V)
+        q = self.step.q_target(torch.stack(laws, dim=1), self.target_vocab_size)  # once per round: (1, L, V)
         return seq, q.log()  # HF softmaxes it back: exactly q
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int):

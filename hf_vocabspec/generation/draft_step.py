@@ -68,7 +68,7 @@ class _DraftRepetitionPenalty(_RowAware):
                 ignore = ignore[row_ids[row] if ignore.numel() > 1 else 0]
             if ignore is not None:
                 ids = ids[int(ignore):]
-            draft_ids = self.vocab.t2d[ids] if self.vocab is not None else ids
+            draft_ids = self.vocab.draft_index(ids) if self.vocab is not None else ids
             draft_ids = torch.unique(draft_ids[draft_ids >= 0])[None, :]
             picked = out[row : row + 1].gather(1, draft_ids)
             picked = torch.where(picked < 0, picked * self.penalty, picked / self.penalty)
@@ -85,7 +85,7 @@ class _DraftMinLength(_RowAware):
         self.min_new_tokens = getattr(proc, "min_new_tokens", None)
         eos = proc.eos_token_id.flatten()
         if vocab is not None:
-            eos = vocab.t2d[eos.to(vocab.t2d.device)]
+            eos = vocab.draft_index(eos.to(vocab.t2d.device))
         self.eos_draft_ids = eos[eos >= 0]
 
     def __call__(self, input_ids, scores, row_ids):
@@ -113,7 +113,7 @@ class _DraftPrefixConstrained(_RowAware):
             allowed = torch.as_tensor(self.fn(row_ids[row] // self.num_beams, input_ids[row]), dtype=torch.long,
                                       device=scores.device).reshape(-1)
             if self.vocab is not None:
-                allowed = self.vocab.t2d[allowed.to(self.vocab.t2d.device)]
+                allowed = self.vocab.draft_index(allowed.to(self.vocab.t2d.device))
                 allowed = allowed[allowed >= 0].to(scores.device)
             mask[row, allowed] = 0
         return scores + mask
@@ -122,19 +122,20 @@ class _DraftPrefixConstrained(_RowAware):
 class _FullVocabFallback(_RowAware):
     """One of transformers' own (pure) processors: applied on the full vocabulary, kept rows read back. O(V)."""
 
-    def __init__(self, proc, vocab: DraftVocabulary):
+    def __init__(self, proc, vocab: DraftVocabulary, vocab_size: int | None = None):
         self.proc = proc
         self.vocab = vocab
+        self.vocab_size = vocab_size
 
     def __call__(self, input_ids, scores, row_ids):
-        return self.proc(input_ids, self.vocab.scatter(scores))[..., self.vocab.ids]
+        return self.proc(input_ids, self.vocab.scatter(scores, size=self.vocab_size))[..., self.vocab.ids]
 
 
 def _from_transformers(proc) -> bool:
     return type(proc).__module__.startswith("transformers.")
 
 
-def draft_space_processors(logits_processor, vocab: DraftVocabulary | None) -> list:
+def draft_space_processors(logits_processor, vocab: DraftVocabulary | None, vocab_size: int | None = None) -> list:
     """The target's processors as they act on draft-space logits (over ``vocab.ids``; the full vocabulary when
     ``vocab`` is None). See the module docstring for which ones act on drafts."""
     out = []
@@ -154,7 +155,7 @@ def draft_space_processors(logits_processor, vocab: DraftVocabulary | None) -> l
         else:
             warnings.warn(f"hf_vocabspec: {type(proc).__name__} is applied to drafts over the full vocabulary "
                           "(exact, but O(vocabulary) per drafted token).", stacklevel=3)
-            out.append(_FullVocabFallback(proc, vocab))
+            out.append(_FullVocabFallback(proc, vocab, vocab_size))
     return out
 
 
@@ -179,7 +180,7 @@ class DraftStep:
     """One drafter position for a batch of rows (see the module docstring). Holds the call's draft space."""
 
     def __init__(self, assistant, logits_processor, *, do_sample: bool, confidence_threshold: float = 0.0,
-                 stats: SpeculationStats | None = None):
+                 stats: SpeculationStats | None = None, vocab_size: int | None = None):
         self.model = assistant
         self.trimmed = isinstance(assistant, TrimmedDrafter)
         self.do_sample = bool(do_sample)
@@ -194,8 +195,13 @@ class DraftStep:
             if self.do_sample and getattr(assistant, "use_rdk", False):
                 kernel = drafter_kernel(assistant)
                 self.rdk = kernel.to(assistant.device) if kernel is not None else None
-        self.processors = draft_space_processors(logits_processor, self.vocab)
+        # the TARGET's id space (a padded target has more rows than the drafter's ids)
+        self.vocab_size = int(vocab_size or assistant.config.get_text_config().vocab_size)
+        self.processors = draft_space_processors(logits_processor, self.vocab, self.vocab_size)
         self.value_only = all(is_value_only(p) for p in self.processors)
+        embedding = self.body.get_input_embeddings()
+        rows = getattr(embedding, "num_embeddings", None)
+        self.embedding_rows = rows if rows is not None and rows < self.vocab_size else None
 
     # --- the drafter's forward ----------------------------------------------------------------------------
     @property
@@ -207,8 +213,15 @@ class DraftStep:
         config = self.model.model.config if self.trimmed else self.model.config.get_text_config(decoder=True)
         return engine_cache(config)
 
+    def _in_range(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """A padded target's ids past the drafter's embedding (untrained rows a target rarely emits) are fed as
+        id 0: only the drafts after them suffer, never the output."""
+        rows = self.embedding_rows
+        return input_ids if rows is None else torch.where(input_ids < rows, input_ids, 0)
+
     def hidden(self, input_ids, cache, attention_mask=None, position_ids=None, **kwargs) -> torch.Tensor:
         """Last hidden states (trimmed drafter) of a forward on ``cache``; (B, n, hidden)."""
+        input_ids = self._in_range(input_ids)
         out = self.body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                         use_cache=True, **kwargs, **{cache_kwarg(self.body): cache})
         return out.last_hidden_state
@@ -217,8 +230,9 @@ class DraftStep:
         """Draft-space logits (B, n_ids) float32 at the last fed position."""
         if self.trimmed:
             return self.vocab.logits(self.hidden(input_ids, cache, attention_mask, position_ids)[:, -1]).float()
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         use_cache=True, logits_to_keep=1, **{cache_kwarg(self.model): cache})
+        out = self.model(input_ids=self._in_range(input_ids), attention_mask=attention_mask,
+                         position_ids=position_ids, use_cache=True, logits_to_keep=1,
+                         **{cache_kwarg(self.model): cache})
         return out.logits[:, -1].float()
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -299,5 +313,5 @@ class DraftStep:
             q = self.rdk.redistribute(probs[..., :k])
             if self.vocab.num_context:
                 q.index_add_(-1, self.vocab.ids[k:], probs[..., k:])
-            return q
-        return self.vocab.scatter(probs, fill=0.0)
+            return torch.nn.functional.pad(q, (0, vocab_size - q.shape[-1])) if q.shape[-1] < vocab_size else q
+        return self.vocab.scatter(probs, fill=0.0, size=vocab_size)

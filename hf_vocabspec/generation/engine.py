@@ -31,9 +31,11 @@ the drafter feeds seq[:, D:] then its drafts (one :class:`~.draft_step.DraftStep
 drafting after an unsure draft or an EOS), the target verifies [last, d_1..d_L] in one forward, each row accepts
 n_b drafts plus one token of the target (greedy: argmax; sampling: accept/resample against the exact q).
 
-Fallback (batch > 1): with ``batched_speculation="auto"`` the loop times its first rounds and plain decode
-steps of the same call and decodes plainly when the round model (:class:`hf_vocabspec.cost.RoundModel`) says
-speculation does not pay; "on" / "off" force it. The decision is in the stats.
+Fallback (batch > 1): with ``batched_speculation="auto"`` the loop judges REALIZED throughput: tokens emitted
+per second of its speculative rounds against its plain decode steps, both measured in this call at about the
+current number of rows (:func:`choose_mode`). A mode whose measurements went stale (rows finished: the batch
+shrank by a quarter, or many steps passed) is probed again, so the loop switches either way as the batch
+shrinks; "on" / "off" force it. Every decision and its evidence is in the stats (``decision``, ``decisions``).
 """
 
 from __future__ import annotations
@@ -53,30 +55,45 @@ from transformers.cache_utils import (
 )
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
-from ..cost import RoundModel
-from ..drafter import SPECULATION_MODES, cache_kwarg
+from ..drafter import SPECULATION_MODES, cache_kwarg, target_rows
 from .draft_step import DraftStep
 from .stats import SpeculationStats
 from .vocabulary import is_value_only
 
-# Rounds timed before the auto decision (the first round also pays the prefill, so it is not timed).
-PROBE_ROUNDS = 3
-# Plain decode steps timed for the decision (the fastest counts: the first calls of a new shape pay one-off costs).
-PROBE_PLAIN_STEPS = 2
+# Measurements of each mode the auto decision needs (the first round or step after a switch is not timed: it
+# pays one-off costs such as the drafter catching up on the tokens plain steps made).
+PROBE_MEASUREMENTS = 2
+# A measurement is fresh while the batch has at least this share of the rows it was taken with ...
+FRESH_ROWS = 0.75
+# ... and fewer than this many loop iterations passed since (then the other mode is probed again).
+FRESH_ITERATIONS = 64
 # Cache layer types (a config's ``layer_types``) the engine can roll back row by row.
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "indexed_attention", "conv",
                          "dummy", "moe", "mlp")
 
 
 @dataclass
-class _Timed:
-    """One timed speculative round: wall seconds, of which drafting, draft steps, rows, tokens emitted."""
+class Measured:
+    """One timed loop iteration of a mode: tokens emitted per second, with how many rows, when."""
 
-    seconds: float
-    draft_s: float
-    draft_steps: int
+    mode: str  # "speculate" or "decode"
+    tokens_per_s: float
     rows: int
-    emitted: int
+    iteration: int
+
+
+def choose_mode(measured: list[Measured], rows: int, iteration: int) -> tuple[str, str]:
+    """(mode to run next, why): probe a mode without enough fresh measurements, else run the faster one by
+    median realized tokens/s. Fresh: taken with at most 1/FRESH_ROWS of the current rows, FRESH_ITERATIONS ago
+    at most."""
+    fresh = {m: [x.tokens_per_s for x in measured if x.mode == m and rows >= FRESH_ROWS * x.rows
+                 and iteration - x.iteration < FRESH_ITERATIONS] for m in ("speculate", "decode")}
+    for mode in ("speculate", "decode"):
+        if len(fresh[mode]) < PROBE_MEASUREMENTS:
+            return mode, f"probe {mode}"
+    spec, plain = statistics.median(fresh["speculate"]), statistics.median(fresh["decode"])
+    mode = "speculate" if spec > plain else "decode"
+    return mode, f"{mode} (measured: {spec:.1f} tok/s speculating vs {plain:.1f} plain at {rows} rows)"
 
 
 @dataclass
@@ -206,7 +223,7 @@ class SpeculativeEngine:
         self.L = int(num_draft_tokens)
         self.schedule = schedule
         self.speculation = speculation if B > 1 else ("on" if speculation == "auto" else speculation)
-        self.vocab_size = target.config.get_text_config().vocab_size
+        self.vocab_size = target_rows(target)
         mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
         self.pad_id = generation_config._pad_token_tensor
         eos = generation_config._eos_token_tensor
@@ -224,7 +241,7 @@ class SpeculativeEngine:
         self.keep_scores, self.keep_logits = keep_scores, keep_logits
         self.stats = SpeculationStats(batch_size=B)
         self.step = DraftStep(assistant, self.processors, do_sample=self.do_sample,
-                              confidence_threshold=confidence_threshold, stats=self.stats)
+                              confidence_threshold=confidence_threshold, stats=self.stats, vocab_size=self.vocab_size)
         self.target_cache = _AlignedCache(target_cache if target_cache is not None else
                                           DynamicCache(config=target.config.get_text_config(decoder=True)))
         self.draft_cache = _AlignedCache(self.step.new_cache())
@@ -248,7 +265,7 @@ class SpeculativeEngine:
         if self.step.vocab is not None:  # the prompts' own tokens (padding excluded)
             self.step.vocab.add(input_ids[mask.bool()])
         self.drafted_len = 0  # columns of seq the drafter cache holds
-        self.round_times: list[_Timed] = []
+        self.measured: list[Measured] = []
 
     # ---- helpers -------------------------------------------------------------------------------------------
     def _mask(self, length: int) -> torch.Tensor:
@@ -576,55 +593,32 @@ class SpeculativeEngine:
     def run(self) -> torch.Tensor:
         P = self.seq.shape[1]
         self._prefill(P)
+        forced = {"on": "speculate" + (" (forced: batched_speculation='on')" if self.B > 1 else ""),
+                  "off": "decode (forced: batched_speculation='off')"}
+        self.stats.decision = forced.get(self.speculation, "")
         mode = "decode" if self.speculation == "off" else "speculate"
-        self.stats.decision = {"on": "speculate" + (" (forced: batched_speculation='on')" if self.B > 1 else ""),
-                               "off": "decode (forced: batched_speculation='off')", "auto": ""}[self.speculation]
-        rounds = 0
-        plain_probes: list[tuple[float, int]] = []  # (seconds, rows) of the probe's plain steps
+        last_mode, iteration = None, 0
         while self.rows.numel():
-            t0 = time.perf_counter()
             rows = self.rows.numel()
-            if mode == "speculate":
-                draft_before, steps_before = self.stats.draft_seconds, self.stats.draft_steps
-                emitted = self._speculative_round()
-                rounds += 1
-                steps = self.stats.draft_steps - steps_before
-                if rounds > 1 and steps:  # the first round pays for warm-up: not timed
-                    self.round_times.append(_Timed(time.perf_counter() - t0, self.stats.draft_seconds - draft_before,
-                                                   steps, rows, emitted))
-            else:
-                self._plain_step()
-                if not self.stats.decision:
-                    plain_probes.append((time.perf_counter() - t0, rows))
-            if self.speculation == "auto" and not self.stats.decision and len(self.round_times) >= PROBE_ROUNDS:
-                if len(plain_probes) < PROBE_PLAIN_STEPS:
-                    mode = "decode"  # probe plain steps (they produce tokens: nothing is wasted)
-                    continue
-                mode = self._decide(*min(plain_probes))
+            if self.speculation == "auto":
+                mode, why = choose_mode(self.measured, rows, iteration)
+                if not why.startswith("probe") and why.split(" (")[0] != self.stats.decision.split(" (")[0]:
+                    self.stats.decision = why
+                    self.stats.decisions.append(f"after {self.stats.rounds} rounds, {self.stats.plain_steps} "
+                                                f"plain steps: {why}")
+            t0 = time.perf_counter()
+            emitted = self._speculative_round() if mode == "speculate" else self._plain_step()
+            seconds = time.perf_counter() - t0
+            if mode == last_mode and seconds > 0:  # the first iteration after a switch pays one-off costs
+                self.measured.append(Measured(mode, emitted / seconds, rows, iteration))
+            last_mode = mode
+            iteration += 1
         if not self.stats.decision:
             self.stats.decision = "speculate (finished before the measured decision)"
         self._commit()
         if self.streamer is not None:
             self.streamer.end()
         return self._sequences()
-
-    def _decide(self, plain_step_s: float, plain_rows: int) -> str:
-        """Speculate on only if the round model, fed this call's measured rounds and plain step, says it pays."""
-        rounds = self.round_times
-        rows = statistics.median(r.rows for r in rounds)
-        model = RoundModel.from_measured(
-            draft_step_s=min(r.draft_s / r.draft_steps for r in rounds),  # fastest: one-off costs excluded
-            verify_step_s=min(r.seconds - r.draft_s for r in rounds),  # verify + bookkeeping
-            decode_step_s=plain_step_s, batch_size=plain_rows)
-        tau = sum(r.emitted for r in rounds) / sum(r.rows for r in rounds)
-        L = statistics.median(r.draft_steps for r in rounds)
-        reason = model.fallback_reason(L, batch_size=plain_rows, tau=tau)
-        if reason is None:
-            speedup = model.speedup(L, batch_size=plain_rows, tau=tau)
-            self.stats.decision = f"speculate (measured: predicted {speedup:.2f}x plain decoding at batch {rows:g})"
-            return "speculate"
-        self.stats.decision = f"decode ({reason})"
-        return "decode"
 
     def _sequences(self) -> torch.Tensor:
         ends = [self.finished_at[r] if self.finished_at[r] is not None else len(self.gen[r]) for r in range(self.B)]

@@ -20,6 +20,7 @@ What moved in transformers and is absorbed here: the cache kwarg (``cache`` from
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import copy
 import functools
@@ -39,6 +40,8 @@ from ..drafter import (
     check_batched_speculation,
     check_draft_length,
     forward_has_cache,
+    target_rows,
+    vocab_fit_error,
     position_limit,
     tokenizer_sha256,
 )
@@ -49,7 +52,27 @@ _ORIGINALS: dict[str, object] = {}
 # Set by _validate_generation_mode for the call under way: whether its assistant is ours (then
 # _prepare_model_inputs checks the caller's attention mask as given, before generate drops an all-ones mask).
 _OURS_CALL: contextvars.ContextVar[bool] = contextvars.ContextVar("hf_vocabspec_ours_call", default=False)
+_TRANSFORMERS_LOOP: contextvars.ContextVar[bool] = contextvars.ContextVar("hf_vocabspec_hf_loop", default=False)
+
+
+@contextlib.contextmanager
+def transformers_loop():
+    """Within this block, batch-1 calls with a trimmed drafter run in transformers' own assisted loop with our
+    candidate generator (the path before the engine), for benches that compare the two. Not exact under
+    stopping criteria that fire mid-round (transformers keeps the tokens accepted after them)."""
+    token = _TRANSFORMERS_LOOP.set(True)
+    try:
+        yield
+    finally:
+        _TRANSFORMERS_LOOP.reset(token)
 _FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> sha256, hashed once
+
+
+class _ConfigView:
+    """What transformers' mode validation reads of an assistant: its config (here with the padded target's size)."""
+
+    def __init__(self, config):
+        self.config = config
 
 
 def check_transformers_version() -> None:
@@ -83,10 +106,9 @@ def check_trimmed_assistant(target, drafter: TrimmedDrafter, generation_config, 
     n = getattr(generation_config, "num_assistant_tokens", None)
     if n is not None:
         check_draft_length(n)
-    target_vocab = target.config.get_text_config().vocab_size
-    if target_vocab != drafter.config.vocab_size:
-        raise VocabularyMapError(f"This trimmed drafter maps into a vocabulary of {drafter.config.vocab_size} tokens "
-                                 f"but the target has {target_vocab}: drafter and target must share a tokenizer; {fix}")
+    why = vocab_fit_error(drafter.config.vocab_size, target_rows(target))
+    if why:
+        raise VocabularyMapError(f"{why}; {fix}")
     tokenizer = mode_kwargs.get("tokenizer")
     recorded = drafter.config.target_tokenizer_sha256
     if tokenizer is not None and recorded and _fingerprint(tokenizer) != recorded:
@@ -357,6 +379,11 @@ def install() -> None:
             check_generate_kwargs(generation_config, assistant)
         if isinstance(assistant, TrimmedDrafter):
             check_trimmed_assistant(self, assistant, generation_config, generation_mode_kwargs)
+            rows = target_rows(self)
+            if assistant.config.vocab_size != rows:  # a padded target: our check accepted it, transformers'
+                config = copy.copy(assistant.config)  # compares vocabulary sizes: show it the target's
+                config.vocab_size = rows
+                generation_mode_kwargs = {**generation_mode_kwargs, "assistant_model": _ConfigView(config)}
         if is_ours(assistant) and generation_config.num_return_sequences > 1:
             generation_config = copy.copy(generation_config)  # our loop serves several sequences per prompt
             generation_config.num_return_sequences = 1
@@ -379,6 +406,8 @@ def install() -> None:
         if getattr(assistant, "_hf_vocabspec_candidate_generator", None) is not None and input_ids.shape[0] == 1:
             return assisted(self, *args, **kwargs)  # SSD: its candidate generator inside transformers' loop
         with _verify_head.verify_head(self, enabled=_verify_head.wants_verify_head(assistant)):
+            if _TRANSFORMERS_LOOP.get() and input_ids.shape[0] == 1:
+                return assisted(self, *args, **kwargs)
             return _run_engine(self, assistant, bound)
 
     _get_candidate_generator.__wrapped__ = get_generator

@@ -34,6 +34,7 @@ class SpeculationStats:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     realign_seconds: float = 0.0  # batched loop: cache realignment and row compaction
+    decisions: list[str] = field(default_factory=list)  # batched "auto": each switch and its measured evidence
     per_round_accepted: list[int] = field(default_factory=list)
     per_round_proposed: list[int] = field(default_factory=list)
 

@@ -84,6 +84,7 @@ class DraftVocabulary:
         if room <= 0 or new.numel() == 0:
             return
         new = new.reshape(-1)
+        new = new[new < self.t2d.numel()]  # a padded target's rows past the drafter's ids have no head row
         new = torch.unique(new[self.t2d[new] < 0])[:room]
         if new.numel() == 0:
             return
@@ -102,11 +103,16 @@ class DraftVocabulary:
         extra = self.drafter._head_transform(hidden @ self.context_rows.T)
         return torch.cat([kept, extra], dim=-1)
 
-    def scatter(self, values: torch.Tensor, fill: float = float("-inf")) -> torch.Tensor:
-        """(..., K + C) draft-space values -> (..., V) over the target vocabulary."""
-        out = values.new_full((*values.shape[:-1], self.drafter.config.vocab_size), fill)
+    def scatter(self, values: torch.Tensor, fill: float = float("-inf"), size: int | None = None) -> torch.Tensor:
+        """(..., K + C) draft-space values -> (..., V) over the target vocabulary (``size``: a padded target's)."""
+        out = values.new_full((*values.shape[:-1], size or self.drafter.config.vocab_size), fill)
         out[..., self.ids] = values
         return out
+
+    def draft_index(self, target_ids: torch.Tensor) -> torch.Tensor:
+        """Draft index of each target id, -1 where it has none (pruned, or past the drafter's ids)."""
+        inside = target_ids < self.t2d.numel()
+        return torch.where(inside, self.t2d[target_ids.clamp(max=self.t2d.numel() - 1)], -1)
 
 
 def is_value_only(proc) -> bool:

@@ -136,7 +136,7 @@ class SSDCandidateGenerator(TrimmedCandidateGenerator):
                                                                                self.window, self.drafter.dtype)}
             out = self.drafter.model(input_ids=x[None], position_ids=positions[None], attention_mask=mask,
                                      use_cache=True, **{cache_kwarg(self.drafter.model): self.cache})
-            logits = self._process(branch_seqs, self.vocab.logits(out.last_hidden_state[0]).float())
+            logits = self._process(branch_seqs, self.step.head(out.last_hidden_state[0]))
             idx, law, top = self._sample(logits)
             x = self._to_tokens(idx)
             toks.append(x)
@@ -189,10 +189,8 @@ class SSDCandidateGenerator(TrimmedCandidateGenerator):
         for _ in range(max_new):
             start = self.fed.numel()
             pos = torch.arange(start, start + to_feed.shape[1], device=seq.device)[None]
-            out = self.drafter.model(input_ids=to_feed, position_ids=pos, use_cache=True,
-                                     **{cache_kwarg(self.drafter.model): self.cache})
+            logits = self._process([seq], self.step.logits(to_feed, self.cache, position_ids=pos))
             self.fed = torch.cat([self.fed, to_feed[0]])
-            logits = self._process([seq], self.vocab.logits(out.last_hidden_state[:, -1]).float())
             idx, law, top = self._sample(logits)
             token = self._to_tokens(idx)
             tokens.append(token)
