@@ -524,8 +524,13 @@ class SpeculativeEngine:
 
     def _speculative_round(self) -> int:
         L = min(self.L, self._remaining() - 1)
-        if L < 1:  # one token left: a plain step is the whole job
-            return self._plain_step()
+        if L < 1:  # one token left: a round with no drafts (counted as one, as transformers' loop counts it)
+            rows = self.rows.numel()
+            self.stats.rounds += 1
+            self.stats.row_rounds += rows
+            self.stats.per_round_accepted.extend([0] * rows)
+            self.stats.per_round_proposed.extend([0] * rows)
+            return self._plain_step(round_=True)
         start = time.perf_counter()
         self._take_context()
         idx, q, drafts, proposes = self._draft(L)
@@ -550,15 +555,16 @@ class SpeculativeEngine:
         self._advance(result, drafts)
         return emitted
 
-    def _plain_step(self) -> int:
-        """One target-only decode step for every computing row (exact: argmax or a draw from p)."""
+    def _plain_step(self, round_: bool = False) -> int:
+        """One target-only decode step for every computing row (exact: argmax or a draw from p); ``round_``: the
+        last round of a speculative run (no room for drafts), not a plain decoding step."""
         start = time.perf_counter()
         raw = self._target_forward(self.seq[:, -1:])
         logits = self._process_target(raw, None)
         last = logits[:, 0]
         new = torch.multinomial(last.softmax(-1), 1)[:, 0] if self.do_sample else last.argmax(-1)
         self.stats.verify_seconds += time.perf_counter() - start
-        self.stats.plain_steps += 1
+        self.stats.plain_steps += not round_
         result = _Round(torch.zeros_like(new), new)
         emitted = self._emit(None, result, logits, raw)
         self._commit()
