@@ -1,13 +1,16 @@
 """THE seam to transformers' private generation API: the only module that touches it, version guard beside it.
 
 transformers has no public hook for a user-supplied candidate generator or verification loop, so
-:func:`install` (run on ``import hf_vocabspec``; :func:`uninstall` undoes it) wraps three private methods of
+:func:`install` (run on ``import hf_vocabspec``; :func:`uninstall` undoes it) wraps four private methods of
 ``GenerationMixin``, and only acts when the assistant is ours (a :class:`TrimmedDrafter` or an hf_vocabspec
 session object exposing ``_hf_vocabspec_candidate_generator``); every other call goes to the original untouched:
 
 - ``_validate_generation_mode``: our checks first (vocabulary, tokenizer fingerprint, draft length), so a
   mismatched drafter gets our one-line fix instead of transformers' advice to use universal assisted decoding;
-  ``num_return_sequences > 1`` is allowed for our drafters (the batched loop serves it).
+  ``num_return_sequences > 1`` is allowed for our drafters (the engine serves it); assistant_model together
+  with prompt lookup is refused.
+- ``_prepare_model_inputs``: the caller's attention mask is checked as given (before generate drops an all-ones
+  mask or indexes a 1-D one).
 - ``_get_candidate_generator``: SSD sessions draft through their candidate generator inside HF's loop.
 - ``_assisted_decoding``: checks the inputs (ids in range, non-empty, left padding), refuses in one line what
   cannot be kept exact (CFG, a prefilled cache, caches without per-row rollback, ...), enters the verify-time

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 class SpeculationStats:
     """What one generate call (or several, via :meth:`add`) did.
 
-    Batched calls (batch > 1, hf_vocabspec's own verification loop) count per row: ``proposed`` and
-    ``accepted`` sum over rows and rounds, ``row_rounds`` counts (row, round) pairs, so ``mean_accepted_length``
-    stays the per-row tau. ``decision`` says whether the batched loop speculated or fell back to plain decoding
-    (and why); the ``*_seconds`` fields split its wall time.
+    The engine counts per row: ``proposed`` and ``accepted`` sum over rows and rounds, ``row_rounds`` counts
+    (row, round) pairs, so ``mean_accepted_length`` stays the per-row tau at every batch size. ``decision`` says
+    whether a batched call speculated or fell back to plain decoding (and the measured evidence), ``decisions``
+    every switch of the "auto" rule; the ``*_seconds`` fields split its wall time.
     """
 
     rounds: int = 0
