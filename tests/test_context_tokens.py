@@ -78,8 +78,8 @@ def test_wrong_q_for_context_tokens_is_detected(pair, monkeypatch):
     """Power check: scatter the context tokens' q onto the wrong ids (kept part intact) -> must fail."""
     target, drafter, prompt, probe = pair
 
-    def wrong_scatter(self, values, fill=float("-inf")):
-        out = values.new_full((*values.shape[:-1], drafter.config.vocab_size), fill)
+    def wrong_scatter(self, values, fill=float("-inf"), size=None):
+        out = values.new_full((*values.shape[:-1], size or drafter.config.vocab_size), fill)
         ids = torch.cat([self.ids[: self.k], self.ids[self.k :].roll(1)])
         out[..., ids] = values
         return out
@@ -178,8 +178,8 @@ def test_untied_wrong_q_for_context_tokens_is_detected(untied_pair, monkeypatch)
     """Power check for the untied case: the context tokens' q scattered onto the wrong ids must fail."""
     target, drafter, prompt, probe = untied_pair
 
-    def wrong_scatter(self, values, fill=float("-inf")):
-        out = values.new_full((*values.shape[:-1], drafter.config.vocab_size), fill)
+    def wrong_scatter(self, values, fill=float("-inf"), size=None):
+        out = values.new_full((*values.shape[:-1], size or drafter.config.vocab_size), fill)
         ids = torch.cat([self.ids[: self.k], self.ids[self.k :].roll(1)])
         out[..., ids] = values
         return out

@@ -57,8 +57,8 @@ def test_sampling_gemma3_sliding_window_softcap_is_lossless():
 def test_mismapped_q_is_detected(llama_pair, monkeypatch):
     """Power check: if q is scattered with a permuted map (q no longer the law drafts came from), fail."""
     target, drafter, probe = llama_pair
-    def wrong_scatter(self, values, fill=float("-inf")):
-        out = values.new_full((*values.shape[:-1], drafter.config.vocab_size), fill)
+    def wrong_scatter(self, values, fill=float("-inf"), size=None):
+        out = values.new_full((*values.shape[:-1], size or drafter.config.vocab_size), fill)
         out[..., self.ids.roll(1)] = values
         return out
 

@@ -233,8 +233,8 @@ class ForwardTimer:
     """Wall time of every target and drafter forward inside generate, split into prefill and steps.
 
     Prefill rule: the first forward of each model within one generate call is its prefill (it carries the
-    whole prompt; in transformers' assisted loop the target's first forward also verifies the first round's
-    drafts, in hf_vocabspec's engine both prefills are forwards of their own).
+    whole prompt; the target's first forward also verifies the first round's drafts, in transformers' assisted
+    loop and in hf_vocabspec's engine alike).
     Every later forward of HF's loops and of our draft loop only feeds tokens produced since that model's
     previous forward (at most the draft length + 1), so it is a step whatever the draft schedule; a
     token-count threshold would misfile verify steps once a heuristic schedule grows the draft length.

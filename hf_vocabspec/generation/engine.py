@@ -26,9 +26,10 @@ layers are held at full length) and indexer layers shift their columns; convolut
 per row. Layers that cannot be rolled back per row (recurrent states) are refused before any forward.
 
 Invariants between rounds (``seq``: (B, T) tokens of the computing rows, right-aligned, ``pad[b]`` masked
-columns on the left): the target cache holds columns [0, T-1), the drafter cache [0, D) with D <= T-2. A round:
-the drafter feeds seq[:, D:] then its drafts (one :class:`~.draft_step.DraftStep` per position; a row stops
-drafting after an unsure draft or an EOS), the target verifies [last, d_1..d_L] in one forward, each row accepts
+columns on the left): the target cache holds columns [0, C) with C <= T-1, the drafter cache [0, D) with
+D <= T-1 (both 0 before the first round: its forwards carry the prompts). A round: the drafter feeds seq[:, D:]
+then its drafts (one :class:`~.draft_step.DraftStep` per position; a row stops drafting after an unsure draft or
+an EOS), the target verifies seq[:, C:] + [d_1..d_L] in one forward, each row accepts
 n_b drafts plus one token of the target (greedy: argmax; sampling: accept/resample against the exact q).
 
 Fallback (batch > 1): with ``batched_speculation="auto"`` the loop judges REALIZED throughput: tokens emitted
@@ -268,22 +269,32 @@ class SpeculativeEngine:
         self.measured: list[Measured] = []
 
     # ---- helpers -------------------------------------------------------------------------------------------
-    def _mask(self, length: int) -> torch.Tensor:
+    def _mask(self, length: int) -> torch.Tensor | None:
+        """The 2-D mask of the computing rows, or None when no row holds padding (as generate drops an all-ones
+        mask: the models' causal fast paths apply)."""
+        if not self.padded:
+            return None
         cols = torch.arange(length, device=self.device)
         return (cols[None, :] >= self.pad_cols[:, None]).long()
+
+    @property
+    def padded(self) -> bool:
+        return bool(self.pad_cols.any())
 
     def _positions(self, start: int, n: int) -> torch.Tensor:
         cols = torch.arange(start, start + n, device=self.device)
         return (cols[None, :] - self.pad_cols[:, None]).clamp(min=0)
 
-    def _target_forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Feed ``tokens`` (B, n) after the target cache; logits (B, n, V) float32."""
+    def _target_forward(self, tokens: torch.Tensor, keep: int | None = None) -> torch.Tensor:
+        """Feed ``tokens`` (B, n) after the target cache; logits of the last ``keep`` (default all) positions,
+        (B, keep, V) float32."""
         cache = self.target_cache
         start, n = cache.length, tokens.shape[1]
+        keep = n if keep is None else keep
         out = self.target(input_ids=tokens, attention_mask=self._mask(start + n), position_ids=self._positions(start, n),
-                          use_cache=True, logits_to_keep=n, **{cache_kwarg(self.target): cache.cache})
+                          use_cache=True, logits_to_keep=keep, **{cache_kwarg(self.target): cache.cache})
         cache.grew(n)
-        return out.logits[:, -n:].float()
+        return out.logits[:, -keep:].float()
 
     def _draft_forward(self, tokens: torch.Tensor, contexts, row_ids):
         cache = self.draft_cache
@@ -506,9 +517,11 @@ class SpeculativeEngine:
         self.pad_cols = self.pad_cols + shift
         # target: [0, T-1) old + [last, d_1..d_n] valid -> T + n columns, aligned at T + m
         self.target_cache.keep(T + n, T + m)
-        if L:  # drafter: all but the last two tokens of each row; it fed the drafts up to d_{L-1}
-            self.draft_cache.keep(T + n - 1, T + m - 1)
-            self.drafted_len = T + m - 1
+        if L:  # drafter: it fed seq and d_1..d_{L-1}; the batch feeds one block next round, so it keeps all it
+            # fed of the accepted prefix unless a row accepted every draft (then d_L and the new token are due)
+            feed = 2 if bool((n >= L).any()) else 1
+            self.draft_cache.keep(T + n + 1 - feed, T + m + 1 - feed)
+            self.drafted_len = T + m + 1 - feed
         # (a plain decode step: the drafter fed nothing, every row grew by one token, no shift)
         common = int(self.pad_cols.min())
         if common:  # crop the padding every row shares
@@ -535,7 +548,8 @@ class SpeculativeEngine:
         self._take_context()
         idx, q, drafts, proposes = self._draft(L)
         t_draft = time.perf_counter()
-        raw = self._target_forward(torch.cat([self.seq[:, -1:], drafts], dim=1))
+        fresh = self.seq[:, self.target_cache.length :]  # the last token (the whole prompt in the first round)
+        raw = self._target_forward(torch.cat([fresh, drafts], dim=1), keep=drafts.shape[1] + 1)
         logits = self._process_target(raw, drafts)
         result = self._verify(idx, q, drafts, logits, proposes)
         t_verify = time.perf_counter()
@@ -559,7 +573,7 @@ class SpeculativeEngine:
         """One target-only decode step for every computing row (exact: argmax or a draw from p); ``round_``: the
         last round of a speculative run (no room for drafts), not a plain decoding step."""
         start = time.perf_counter()
-        raw = self._target_forward(self.seq[:, -1:])
+        raw = self._target_forward(self.seq[:, self.target_cache.length :], keep=1)
         logits = self._process_target(raw, None)
         last = logits[:, 0]
         new = torch.multinomial(last.softmax(-1), 1)[:, 0] if self.do_sample else last.argmax(-1)
@@ -573,27 +587,26 @@ class SpeculativeEngine:
 
     # ---- the loop ----------------------------------------------------------------------------------------
     def _prefill(self, P: int) -> None:
-        """Encode the prompts: everything but the last token (target) / the last two (drafter). With
-        ``num_return_sequences`` = n, transformers has repeated each prompt n times: each prompt is encoded once
-        and the caches are repeated."""
+        """With ``num_return_sequences`` = n, transformers has repeated each prompt n times: each prompt is encoded
+        once (everything but the last token for the target, the last two for the drafter) and the caches are
+        repeated. Otherwise the first round's forwards carry the prompts (one forward fewer per model, as in
+        transformers' assisted loop)."""
         n = int(getattr(self.config, "num_return_sequences", 1) or 1)
         if n > 1 and self.B % n == 0 and bool((self.seq.view(-1, n, P) == self.seq[::n, None]).all()):
             unique = torch.arange(0, self.B, n, device=self.device)
         else:
-            n, unique = 1, None
+            return
         seq, pad = self.seq, self.pad_cols
-        if unique is not None:  # run the prefill on one copy of each prompt
-            self.seq, self.pad_cols = seq[unique], pad[unique]
+        self.seq, self.pad_cols = seq[unique], pad[unique]  # run the prefill on one copy of each prompt
         if P > 1:
-            self._target_forward(self.seq[:, :-1])
+            self._target_forward(self.seq[:, :-1], keep=1)
         if self.speculation != "off" and P > 2:
             self.step.logits(self.seq[:, :-2], self.draft_cache.cache, self._mask(P - 2), self._positions(0, P - 2))
             self.draft_cache.grew(P - 2)
             self.drafted_len = P - 2
-        if unique is not None:
-            self.seq, self.pad_cols = seq, pad
-            self.target_cache.repeat(n)
-            self.draft_cache.repeat(n)
+        self.seq, self.pad_cols = seq, pad
+        self.target_cache.repeat(n)
+        self.draft_cache.repeat(n)
 
     @torch.no_grad()
     def run(self) -> torch.Tensor:
