@@ -1,0 +1,116 @@
+"""Microbench (issue #28): a forward of M = 1..16 new positions on a KV cache, per model and dtype, against the
+physical limit of one read of the weights at the bandwidth this machine measures.
+
+For each model (target and drafter of a pair) and dtype: the median wall time of a forward of M new tokens after
+a prompt of ``--context`` tokens (a fresh cache per repeat, the prompt prefilled untimed), as a multiple of the
+M=1 decode step and of one weight read (non-embedding weight bytes / the bandwidth of ``tensor.sum()`` over a
+buffer larger than the last-level cache, measured in the same run). Prints a markdown table naming the machine;
+``--device cuda`` runs the same on a GPU (bandwidth then from a device-to-device copy).
+
+    .venv/bin/python scripts/bench_forward.py                                  # pair G target, fp32 + bf16
+    .venv/bin/python scripts/bench_forward.py --models offline:qwen2.5-coder-1.5b offline:qwen2.5-coder-0.5b
+    .venv/bin/python scripts/bench_forward.py --positions 1 2 3 4 5 6 8 16 --repeats 5 --device cuda
+
+Run it on a quiet machine (nothing else on the cores); the table is what the README's microbench section shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from hf_vocabspec.evaluation.benchmark import machine_info
+from hf_vocabspec.evaluation.offline import load_model
+
+
+def bandwidth_gb_s(device: str, megabytes: int = 512, repeats: int = 5) -> float:
+    """Read bandwidth of a plain reduction over a buffer far larger than the caches (GB/s, median)."""
+    x = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32, device=device)
+    times = []
+    for _ in range(repeats + 1):
+        sync(device)
+        t0 = time.perf_counter()
+        x.sum()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return x.numel() * 4 / statistics.median(times[1:]) / 1e9
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes a forward reads of the weights: all parameters but the input embedding (a lookup reads a few rows);
+    a tied head counts once."""
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    seen, total = set(), 0
+    for p in model.parameters():
+        if id(p) in seen or (p is embed and (head is None or head.weight is not embed)):
+            continue
+        seen.add(id(p))
+        total += p.numel() * p.element_size()
+    return total
+
+
+@torch.no_grad()
+def forward_seconds(model, context: int, m: int, repeats: int, device: str) -> float:
+    """Median seconds of a forward of m new positions after ``context`` cached tokens (logits of all m)."""
+    from transformers.cache_utils import DynamicCache
+
+    from hf_vocabspec.drafter import cache_kwarg
+
+    vocab = model.config.get_text_config().vocab_size
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(10, min(vocab, 30000), (1, context), generator=g).to(device)
+    new = torch.randint(10, min(vocab, 30000), (1, m), generator=g).to(device)
+    times = []
+    for _ in range(repeats + 1):  # the first run of a shape warms up
+        cache = DynamicCache(config=model.config)
+        model(input_ids=prompt, use_cache=True, logits_to_keep=1, **{cache_kwarg(model): cache})
+        sync(device)
+        t0 = time.perf_counter()
+        model(input_ids=new, use_cache=True, logits_to_keep=m, **{cache_kwarg(model): cache})
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=["offline:gemma-3-270m"])
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--positions", nargs="+", type=int, default=[1, 2, 3, 4, 5, 6, 8, 16])
+    ap.add_argument("--context", type=int, default=160)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+    if 1 not in args.positions:
+        ap.error("--positions must include 1 (the decode step every ratio is taken against)")
+    info = machine_info()
+    bw = bandwidth_gb_s(args.device)
+    print(f"Machine: {info['cpu']} ({info['torch_threads']} torch threads, AVX-512 BF16: {info['native_bf16']}), "
+          f"torch {info['torch']}, transformers {info['transformers']}, {info['date']}, device {args.device}; "
+          f"read bandwidth {bw:.1f} GB/s (tensor.sum over 512 MiB); context {args.context} tokens, median of "
+          f"{args.repeats}")
+    head = " | ".join(f"M={m}" for m in args.positions)
+    print(f"| model | dtype | one weight read | {head} |")
+    print("|---|---|---|" + "---|" * len(args.positions))
+    for name in args.models:
+        for dtype in args.dtypes:
+            model = load_model(name, dtype=getattr(torch, dtype)).eval().to(args.device)
+            read_s = weight_bytes(model) / (bw * 1e9)
+            secs = {m: forward_seconds(model, args.context, m, args.repeats, args.device) for m in args.positions}
+            cells = [f"{secs[m] / secs[1]:.2f}x decode, {secs[m] / read_s:.2f}x read" + (
+                f" ({secs[m] * 1e3:.0f} ms)" if m == 1 else "") for m in args.positions]
+            print(f"| {name} | {dtype} | {read_s * 1e3:.0f} ms | " + " | ".join(cells) + " |")
+            del model
+
+
+if __name__ == "__main__":
+    main()
