@@ -272,15 +272,17 @@ def test_power_a_stop_that_is_not_honoured_differs(monkeypatch):
 def _prefilled(target, ids):
     from transformers.cache_utils import DynamicCache
 
+    from hf_vocabspec.drafter import cache_kwarg
+
     cache = DynamicCache(config=target.config)
     with torch.no_grad():
-        target(input_ids=ids[:, :-1], past_key_values=cache, use_cache=True)
-    return cache
+        target(input_ids=ids[:, :-1], use_cache=True, **{cache_kwarg(target): cache})
+    return {cache_kwarg(target): cache}  # the name the installed transformers takes
 
 
 REFUSED = {
     "guidance_scale": (lambda t, ids: dict(guidance_scale=1.5), "guidance_scale"),
-    "prefilled_cache": (lambda t, ids: dict(past_key_values=_prefilled(t, ids)), "past_key_values"),
+    "prefilled_cache": (lambda t, ids: _prefilled(t, ids), "past_key_values"),
     "static_cache": (lambda t, ids: dict(cache_implementation="static"), "cache"),
     "output_attentions": (lambda t, ids: dict(output_attentions=True, return_dict_in_generate=True),
                           "output_attentions"),

@@ -221,7 +221,8 @@ def test_generate_mismatch_gets_our_error_not_universal_assisted_decoding(tok, s
         model.generate(ids, assistant_model=drafter, tokenizer=same_size_other_tok, max_new_tokens=3)
     assert "universal" not in str(err.value).lower()
     model.generate(ids, assistant_model=drafter, tokenizer=tok, max_new_tokens=3)  # the right one passes
-    other_target = LlamaForCausalLM(llama_config(vocab_size=len(tok) + 64)).eval()
+    # fewer rows than the drafter's ids (a target padded past the tokenizer, MORE rows, is compatible)
+    other_target = LlamaForCausalLM(llama_config(vocab_size=len(tok) - 64)).eval()
     with pytest.raises(VocabularyMapError, match="must share a tokenizer") as err:
         other_target.generate(ids, assistant_model=drafter, max_new_tokens=3)
     assert "universal" not in str(err.value).lower()
