@@ -238,7 +238,10 @@ class SpeculativeEngine:
         self.value_only = all(is_value_only(p) for p in self.processors)
         self.criteria = stopping_criteria if stopping_criteria is not None else []
         self.streamer = streamer
-        self.lazy = streamer is not None or keep_scores or keep_logits or not all(map(_is_simple, self.criteria))
+        # criteria other than EOS / length may read the scores: the processed logits of each emitted token are kept
+        # until its step is committed (also what output_scores returns)
+        self.need_scores = keep_scores or not all(map(_is_simple, self.criteria))
+        self.lazy = streamer is not None or keep_logits or self.need_scores
         self.keep_scores, self.keep_logits = keep_scores, keep_logits
         self.stats = SpeculationStats(batch_size=B)
         self.step = DraftStep(assistant, self.processors, do_sample=self.do_sample,
@@ -428,7 +431,7 @@ class SpeculativeEngine:
                 out.append(t)
                 self.emitted.append(t)
                 total += 1
-                if self.keep_scores or not all(map(_is_simple, self.criteria)):
+                if self.need_scores:
                     self.pending_scores[r].append(processed[i, j])
                 if self.keep_logits:
                     self.pending_logits[r].append(raw[i, j])
@@ -453,7 +456,7 @@ class SpeculativeEngine:
             if self.streamer is not None:
                 self.streamer.put(tokens.cpu())
             scores = None
-            if self.pending_scores[0] or any(self.pending_scores):
+            if self.need_scores:
                 scores = self._pop(self.pending_scores, live)
                 if self.keep_scores:
                     self.scores.append(scores)
