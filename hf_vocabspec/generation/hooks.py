@@ -206,13 +206,9 @@ PLAIN_ASSISTANT_DRAFT_LENGTH = 5
 
 
 def _draft_length(assistant, generation_config) -> int:
-    """The draft length: a value passed to generate() wins over the drafter's own (HF ignores it, #40739)."""
-    default = generation_config._get_default_generation_params().get("num_assistant_tokens")
-    own = int(assistant.generation_config.num_assistant_tokens or PLAIN_ASSISTANT_DRAFT_LENGTH)
-    if not isinstance(assistant, TrimmedDrafter) and own == default:
-        own = PLAIN_ASSISTANT_DRAFT_LENGTH
-    passed = getattr(generation_config, "num_assistant_tokens", None)
-    return int(passed) if passed is not None and passed != default else own
+    """The draft length: a value passed to generate() wins over the drafter's own (HF ignores it, #40739); an
+    untrimmed assistant left at transformers' default drafts PLAIN_ASSISTANT_DRAFT_LENGTH."""
+    return int(_assistant_setting(assistant, generation_config, "num_assistant_tokens") or PLAIN_ASSISTANT_DRAFT_LENGTH)
 
 
 def batchable_plain_assistant(target, assistant, bound: dict) -> bool:
