@@ -44,7 +44,7 @@ _LAZY = {
 }
 # submodules reachable as attributes without importing them first (``hf_vocabspec.coverage.TokenCounts``);
 # core modules only: the tooling (hf_vocabspec.evaluation, hf_vocabspec.cli) is imported by name
-_SUBMODULES = {"coverage", "selection", "cost", "hub", "export", "rdk", "ssd", "verify_head", "drafter",
+_SUBMODULES = {"coverage", "selection", "cost", "hub", "export", "rdk", "ssd", "verify_head", "kernels", "drafter",
                "generation"}
 
 __all__ = [

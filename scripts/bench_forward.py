@@ -1,15 +1,20 @@
 """Microbench (issue #28): a forward of M = 1..16 new positions on a KV cache, per model and dtype, against the
 physical limit of one read of the weights at the bandwidth this machine measures.
 
-For each model (target and drafter of a pair) and dtype: the median wall time of a forward of M new tokens after
+For each model (target and drafter of a pair), dtype and kernels (``F.linear`` as transformers runs it, and the fast
+linears our generate runs, ``hf_vocabspec.kernels``): the median wall time of a forward of M new tokens after
 a prompt of ``--context`` tokens (a fresh cache per repeat, the prompt prefilled untimed), as a multiple of the
-M=1 decode step and of one weight read (non-embedding weight bytes / the bandwidth of ``tensor.sum()`` over a
+M=1 decode step with F.linear (the first kernels listed) and of one weight read (non-embedding weight bytes / the bandwidth of ``tensor.sum()`` over a
 buffer larger than the last-level cache, measured in the same run). Prints a markdown table naming the machine;
 ``--device cuda`` runs the same on a GPU (bandwidth then from a device-to-device copy).
 
     .venv/bin/python scripts/bench_forward.py                                  # pair G target, fp32 + bf16
-    .venv/bin/python scripts/bench_forward.py --models offline:qwen2.5-coder-1.5b offline:qwen2.5-coder-0.5b
+    .venv/bin/python scripts/bench_forward.py --models offline:qwen2.5-coder-1.5b-instruct offline:qwen2.5-coder-0.5b-instruct
     .venv/bin/python scripts/bench_forward.py --positions 1 2 3 4 5 6 8 16 --repeats 5 --device cuda
+    .venv/bin/python scripts/bench_forward.py --random-weights --models DIR_WITH_CONFIG_JSON ... --device cuda
+
+``--random-weights`` builds each model from its config.json alone (random weights: a forward's time does not
+depend on the values), for machines the weights cannot reach, e.g. a GPU host with no registry access.
 
 Run it on a quiet machine (nothing else on the cores); the table is what the README's microbench section shows.
 """
@@ -22,6 +27,7 @@ import time
 
 import torch
 
+from hf_vocabspec import kernels
 from hf_vocabspec.evaluation.benchmark import machine_info
 from hf_vocabspec.evaluation.offline import load_model
 
@@ -59,8 +65,9 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
 
 @torch.no_grad()
-def forward_seconds(model, context: int, m: int, repeats: int, device: str) -> float:
-    """Median seconds of a forward of m new positions after ``context`` cached tokens (logits of all m)."""
+def forward_seconds(model, context: int, m: int, repeats: int, device: str, warmup: int = 1) -> float:
+    """Median seconds of a forward of m new positions after ``context`` cached tokens (logits of all m); the first
+    ``warmup`` runs of a shape are not timed (the fast linears' kernel trials run there)."""
     from transformers.cache_utils import DynamicCache
 
     from hf_vocabspec.drafter import cache_kwarg
@@ -70,7 +77,7 @@ def forward_seconds(model, context: int, m: int, repeats: int, device: str) -> f
     prompt = torch.randint(10, min(vocab, 30000), (1, context), generator=g).to(device)
     new = torch.randint(10, min(vocab, 30000), (1, m), generator=g).to(device)
     times = []
-    for _ in range(repeats + 1):  # the first run of a shape warms up
+    for _ in range(repeats + warmup):
         cache = DynamicCache(config=model.config)
         model(input_ids=prompt, use_cache=True, logits_to_keep=1, **{cache_kwarg(model): cache})
         sync(device)
@@ -78,7 +85,20 @@ def forward_seconds(model, context: int, m: int, repeats: int, device: str) -> f
         model(input_ids=new, use_cache=True, logits_to_keep=m, **{cache_kwarg(model): cache})
         sync(device)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times[1:])
+    return statistics.median(times[warmup:])
+
+
+def _model(name: str, dtype: torch.dtype, random_weights: bool):
+    if not random_weights:
+        return load_model(name, dtype=dtype)
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from hf_vocabspec.evaluation.offline import is_offline_name, resolve_model_path
+
+    path = resolve_model_path(name) if is_offline_name(name) else name
+    config = AutoConfig.from_pretrained(path)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, dtype=dtype)
 
 
 def main() -> None:
@@ -89,6 +109,11 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=160)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--kernels", nargs="+", choices=["linear", "fast"], default=["linear", "fast"],
+                    help="linear: F.linear as transformers runs it; fast: hf_vocabspec.kernels.fast_linears (what "
+                         "our generate runs), trials untimed")
+    ap.add_argument("--random-weights", action="store_true",
+                    help="build each model from its config.json (a folder or offline name) with random weights")
     args = ap.parse_args()
     if 1 not in args.positions:
         ap.error("--positions must include 1 (the decode step every ratio is taken against)")
@@ -99,16 +124,24 @@ def main() -> None:
           f"read bandwidth {bw:.1f} GB/s (tensor.sum over 512 MiB); context {args.context} tokens, median of "
           f"{args.repeats}")
     head = " | ".join(f"M={m}" for m in args.positions)
-    print(f"| model | dtype | one weight read | {head} |")
-    print("|---|---|---|" + "---|" * len(args.positions))
+    print(f"| model | dtype | kernels | one weight read | {head} |")
+    print("|---|---|---|---|" + "---|" * len(args.positions))
     for name in args.models:
         for dtype in args.dtypes:
-            model = load_model(name, dtype=getattr(torch, dtype)).eval().to(args.device)
+            model = _model(name, getattr(torch, dtype), args.random_weights).eval().to(args.device)
             read_s = weight_bytes(model) / (bw * 1e9)
-            secs = {m: forward_seconds(model, args.context, m, args.repeats, args.device) for m in args.positions}
-            cells = [f"{secs[m] / secs[1]:.2f}x decode, {secs[m] / read_s:.2f}x read" + (
-                f" ({secs[m] * 1e3:.0f} ms)" if m == 1 else "") for m in args.positions]
-            print(f"| {name} | {dtype} | {read_s * 1e3:.0f} ms | " + " | ".join(cells) + " |")
+            base = None
+            for kind in args.kernels:
+                with kernels.fast_linears(model, enabled=kind == "fast") as report:
+                    warmup = 2 * kernels.TRIALS + 1 if report.layers else 1
+                    secs = {m: forward_seconds(model, args.context, m, args.repeats, args.device, warmup)
+                            for m in args.positions}
+                base = base or secs[1]  # ratios against the first kernels' decode step
+                cells = [f"{secs[m] / base:.2f}x decode, {secs[m] / read_s:.2f}x read" + (
+                    f" ({secs[m] * 1e3:.0f} ms)" if m == 1 else "") for m in args.positions]
+                label = "F.linear" if kind == "linear" else str(report)
+                print(f"| {name} | {dtype} | {label} | {read_s * 1e3:.0f} ms | " + " | ".join(cells) + " |", flush=True)
+            kernels.release(model)
             del model
 
 

@@ -78,6 +78,7 @@ def draw(target, drafter, knobs, n=N_DRAWS, seed=1234, prompt=PROMPT, batch: int
 
 def chi2_pvalue(samples: torch.Tensor, probs: torch.Tensor) -> float:
     """Goodness of fit; cells with expected count < 5 are pooled into one cell."""
+    samples, probs = samples.cpu(), probs.cpu()
     n = samples.numel()
     observed = torch.bincount(samples, minlength=probs.numel()).double()
     expected = probs * n

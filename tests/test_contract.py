@@ -11,6 +11,7 @@ models (float32 for the MoE ones), so no near-tie can flip an argmax between the
 
 from __future__ import annotations
 
+import os
 import string
 
 import pytest
@@ -70,6 +71,8 @@ def char_tokenizer() -> T.PreTrainedTokenizerFast:
 
 
 _PAIRS: dict[str, tuple] = {}
+# The whole contract runs on a GPU too: HF_VOCABSPEC_TEST_DEVICE=cuda (models and inputs there, same comparisons).
+DEVICE = torch.device(os.environ.get("HF_VOCABSPEC_TEST_DEVICE", "cpu"))
 
 
 def pair(arch: str):
@@ -87,6 +90,7 @@ def pair(arch: str):
             target.get_output_embeddings().weight.mul_(4.0)
         target.generation_config.pad_token_id = 0
         drafter = hf_vocabspec.trim_drafter(base, KEEP).to(dtype)
+        target, drafter = target.to(DEVICE), drafter.to(DEVICE)
         drafter.generation_config.num_assistant_tokens = 4
         drafter.generation_config.batched_speculation = "on"
         _PAIRS[arch] = (target, drafter)
@@ -103,7 +107,7 @@ def prompts(batch: int):
     for i, n in enumerate(lengths):
         ids[i, P - n :] = torch.randint(3, VOCAB, (n,), generator=g)
         mask[i, P - n :] = 1
-    return ids, mask
+    return ids.to(DEVICE), mask.to(DEVICE)
 
 
 # --- row-dependent processors and criteria (fresh objects per generate call) --------------------------------
@@ -139,7 +143,7 @@ class RowLength(StoppingCriteria):
 
     def __call__(self, input_ids, scores, **kwargs):
         n = input_ids.shape[1] - self.width
-        return torch.tensor([n >= 3 + 2 * b for b in range(input_ids.shape[0])])
+        return torch.tensor([n >= 3 + 2 * b for b in range(input_ids.shape[0])], device=input_ids.device)
 
 
 def allowed(batch_id: int, sent: torch.Tensor) -> list[int]:
@@ -367,6 +371,7 @@ def padded_pair():
             p.add_(0.3 * p.std() * torch.randn_like(p))
     target.generation_config.pad_token_id = 0
     drafter = hf_vocabspec.trim_drafter(base, KEEP).double()
+    target, drafter = target.to(DEVICE), drafter.to(DEVICE)
     drafter.generation_config.num_assistant_tokens = 3
     drafter.generation_config.batched_speculation = "on"
     return target, drafter
@@ -398,7 +403,7 @@ def test_padded_target_sampled_law_is_exact(wrong, monkeypatch):
             return original(self, values.flip(-1), fill, size)
 
         monkeypatch.setattr(DraftVocabulary, "scatter", wrong_scatter)
-    prompt = torch.tensor([[1, 5, 7, 12, 9]])
+    prompt = torch.tensor([[1, 5, 7, 12, 9]], device=DEVICE)
     with torch.no_grad():
         p1 = target(prompt).logits[0, -1].softmax(-1).double()
     torch.manual_seed(3)

@@ -13,10 +13,17 @@ from tiny import VOCAB, make_pair
 from transformers import GenerationMixin, StoppingCriteria, StoppingCriteriaList
 
 import hf_vocabspec
+from hf_vocabspec import kernels
 from hf_vocabspec import verify_head as vh
 from hf_vocabspec.generation import hooks
 
 PROMPT = torch.tensor([[1, 6, 9, 14]])
+
+
+@pytest.fixture(autouse=True)
+def no_fast_linears(monkeypatch):
+    """The verify head serves the head when the fast linears (kernels.py, tested in test_kernels) are off."""
+    monkeypatch.setattr(kernels, "available", lambda: False)
 
 
 @pytest.fixture

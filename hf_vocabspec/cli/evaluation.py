@@ -165,7 +165,7 @@ def _demo(args, out_dir: Path) -> int:
 
 
 # bench options the batched bench (--batch-sizes) does not read, and the one only it reads
-_PLAIN_BENCH_ONLY = ("ks", "workloads", "modes", "prompts", "context_tokens", "ssd", "ssd_mode")
+_PLAIN_BENCH_ONLY = ("ks", "workloads", "modes", "prompts", "context_tokens", "kernel_levers", "ssd", "ssd_mode")
 
 
 def check_bench_options(args) -> None:
@@ -206,7 +206,7 @@ def cmd_bench(args) -> int:
         count_examples=args.count_examples, coverages=tuple(args.coverages), ks=tuple(args.ks), workloads=tuple(args.workloads),
         modes=tuple(args.modes), prompts=args.prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
         num_draft_tokens=args.num_draft_tokens, context_tokens=args.context_tokens,
-        ssd=args.ssd, ssd_mode=args.ssd_mode,
+        kernel_levers=args.kernel_levers, ssd=args.ssd, ssd_mode=args.ssd_mode,
     )
     with output_folder(out):
         report = run_benchmark(cfg, out, progress=lambda s: tqdm(s, desc="generate"))
@@ -360,6 +360,9 @@ def register(sub) -> None:
     b.add_argument("--num-draft-tokens", "--num-assistant-tokens", type=positive_int, default=5, dest="num_draft_tokens")
     b.add_argument("--context-tokens", action="store_true",
                    help="also run every trimmed k with context tokens on (same drafter, method 'trimmed k=K +context')")
+    b.add_argument("--kernel-levers", action="store_true",
+                   help="also run target only with the fast linears our generate uses, and every trimmed method "
+                        "without them (method names ending 'F.linear'): what the kernels contribute")
     b.add_argument("--ssd", action="store_true",
                    help="also run SSD (speculative speculative decoding) per trimmed k, next to ordinary drafting at 1 thread")
     b.add_argument("--ssd-mode", choices=["worker", "sync"], default="worker",

@@ -25,6 +25,7 @@ from .._io import atomic_write
 from ..cost import RoundModel, iid_acceptance
 from ..drafter import TrimmedDrafter, set_draft_length
 from ..generation import SpeculationStats
+from ..kernels import fast_linears
 from .data import eval_prompts, first_exchange, load_workload  # noqa: F401 (re-exported)
 
 
@@ -42,6 +43,9 @@ class Method:
     prepare: Callable[[], object] | None = None  # called (untimed) before each of this method's calls
     kind: str = ""  # "target", "hf_assisted", "trimmed", "ssd" (derived from the assistant when left empty)
     threads: int | None = None  # torch threads for this method's calls (restored after); None = unchanged
+    # target only: run the target's linear layers through hf_vocabspec.kernels.fast_linears (what our generate
+    # runs), to tell the kernels' share of a speed-up from speculation's
+    fast_linears: bool = False
 
     def __post_init__(self):
         if not self.kind:
@@ -382,7 +386,8 @@ def compare_methods(
         for m in methods:
             if m.prepare is not None:
                 m.prepare()
-            with applied_attrs(_drafter_of(m.assistant) or m.assistant, m.attrs), torch_threads(m.threads):
+            with (applied_attrs(_drafter_of(m.assistant) or m.assistant, m.attrs), torch_threads(m.threads),
+                  fast_linears(target, enabled=m.fast_linears)):
                 target.generate(prompts[0], attention_mask=torch.ones_like(prompts[0]), generation_config=warm_config,
                                 assistant_model=m.assistant)
         for r, i, m in iterator:
@@ -392,7 +397,8 @@ def compare_methods(
                 m.prepare()
             torch.manual_seed(seed + i)
             with (applied_attrs(_drafter_of(m.assistant) or m.assistant, m.attrs), torch_threads(m.threads),
-                  count_hf_acceptance() as hf_counts, timer.timing(res)):
+                  fast_linears(target, enabled=m.fast_linears), count_hf_acceptance() as hf_counts,
+                  timer.timing(res)):
                 t0 = time.perf_counter()
                 out = target.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
                                       assistant_model=m.assistant)
@@ -504,6 +510,8 @@ class BenchConfig:
     repeats: int = 2
     num_draft_tokens: int = 5  # L (transformers' num_assistant_tokens), constant
     context_tokens: bool = False  # also run every trimmed k with drafter.use_context_tokens = True
+    # what the fast linears contribute: target only with them, and every trimmed method without them
+    kernel_levers: bool = False
     # SSD (hf_vocabspec.ssd): per trimmed k, an SSD row with default settings (fallback on) in this mode, next
     # to ordinary speculative decoding at 1 torch thread (the 2-thread row is the trimmed row itself)
     ssd: bool = False
@@ -534,6 +542,8 @@ def run_benchmark(cfg: BenchConfig, out_dir, progress: Callable | None = None) -
     full = load_model(drafter_name, dtype=dtype).eval()
     set_draft_length(full.generation_config, cfg.num_draft_tokens)
     methods = [Method("target only"), Method("HF assisted (untrimmed)", full)]
+    if cfg.kernel_levers:
+        methods.insert(1, Method("target only (fast linears)", fast_linears=True))
     trimmed = []
     sessions = []  # SSD sessions (worker processes), closed at the end
     sizes = [counts.smallest_k_for_coverage(c) for c in cfg.coverages] + list(cfg.ks)
@@ -545,6 +555,9 @@ def run_benchmark(cfg: BenchConfig, out_dir, progress: Callable | None = None) -
         methods.append(Method(name, d, attrs={"use_context_tokens": False}))
         if cfg.context_tokens:  # same drafter object, switch flipped per generate call
             methods.append(Method(f"{name} +context", d, attrs={"use_context_tokens": True}))
+        if cfg.kernel_levers:
+            methods += [Method(f"{m.name} F.linear", d, attrs={**m.attrs, "use_fast_linears": False})
+                        for m in methods if m.assistant is d]
         if cfg.ssd:
             methods += _ssd_methods(cfg, name, d, sessions)
 

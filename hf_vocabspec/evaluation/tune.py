@@ -297,6 +297,7 @@ def measure_throughput_model(
     continuation (``continuation_tokens`` per prompt) with simulated rounds (:func:`drafter_acceptance_profile`);
     "ideal" = the ideal trimmed drafter on the reference answers, scaled by the drafter's scalar agreement."""
     from ..cost import measure_draft_latency
+    from ..kernels import fast_linears, wants_fast_linears
     from ..verify_head import measure_verify_latency
 
     load_before, busy_before = load_check()
@@ -310,7 +311,8 @@ def measure_throughput_model(
     else:
         raise ValueError(f"acceptance must be 'drafter' or 'ideal'; got {acceptance!r}.")
     widths = tuple(sorted({int(n) + 1 for n in draft_lengths}))
-    with OtherLoad() as others:  # the timed part: draft steps per k, verify forwards per L+1
+    # the timed part: draft steps per k, verify forwards per L+1, with the linear kernels generate will run
+    with OtherLoad() as others, fast_linears(target, drafter, enabled=wants_fast_linears(drafter)):
         curve = measure_draft_latency(drafter, profile.ks, context_length=context_length, repeats=repeats)
         verify = measure_verify_latency(target, widths, context_length=context_length, repeats=repeats)
     load_after, _ = load_check()

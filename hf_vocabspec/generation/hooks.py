@@ -35,6 +35,7 @@ from transformers import GenerationMixin
 from transformers.cache_utils import DynamicCache
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from .. import kernels as _kernels
 from .. import verify_head as _verify_head
 from .._versions import check, supported_range
 from ..drafter import (
@@ -289,7 +290,7 @@ def _engine_refusal(target, assistant, input_ids, generation_config, model_kwarg
     return None
 
 
-def _run_engine(target, assistant, bound: dict):
+def _run_engine(target, assistant, bound: dict, kernels: str = "F.linear (not ours)"):
     """Every call with one of our drafters (and an untrimmed assistant at batch > 1) runs in our engine."""
     input_ids = bound["input_ids"]
     generation_config = bound["generation_config"]
@@ -312,6 +313,7 @@ def _run_engine(target, assistant, bound: dict):
         speculation=speculation, streamer=bound.get("streamer"),
         keep_scores=bool(generation_config.return_dict_in_generate and generation_config.output_scores),
         keep_logits=bool(generation_config.return_dict_in_generate and generation_config.output_logits))
+    engine.stats.kernels = kernels
     sequences = engine.run()
     assistant.last_speculation_stats = engine.stats
     if generation_config.return_dict_in_generate:
@@ -404,10 +406,12 @@ def install() -> None:
                              bound["generation_config"].max_length)
         if getattr(assistant, "_hf_vocabspec_candidate_generator", None) is not None and input_ids.shape[0] == 1:
             return assisted(self, *args, **kwargs)  # SSD: its candidate generator inside transformers' loop
-        with _verify_head.verify_head(self, enabled=_verify_head.wants_verify_head(assistant)):
+        # Fast linears first: the head they swap is then left alone by the verify head (it sees a wrapped forward).
+        with _kernels.fast_linears(self, assistant, enabled=_kernels.wants_fast_linears(assistant)) as fast, \
+                _verify_head.verify_head(self, enabled=_verify_head.wants_verify_head(assistant)):
             if _TRANSFORMERS_LOOP.get() and input_ids.shape[0] == 1:
                 return assisted(self, *args, **kwargs)
-            return _run_engine(self, assistant, bound)
+            return _run_engine(self, assistant, bound, kernels=str(fast))
 
     _get_candidate_generator.__wrapped__ = get_generator
     _validate_generation_mode.__wrapped__ = validate

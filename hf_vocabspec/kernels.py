@@ -1,0 +1,231 @@
+"""Fast linear kernels for the whole model: oneDNN packed weights where they measure faster than ``F.linear``.
+
+Why (issue #28): a decode step or a verify of a few positions is memory-bound, its floor one read of the weights.
+On CPU, ``F.linear`` with a plain (row-major) weight falls off that floor for a handful of rows: measured on a
+2-core AMD EPYC with AVX-512 BF16 (2026-11-26, torch 2.13), an fp32 8960x1536 weight took 3.9 ms for one row
+and 8-9 ms for 2-8 rows, while the same weight reordered once into oneDNN's blocked layout
+(``torch.ops.mkldnn._reorder_linear_weight``, what Inductor's CPU freezing pass uses) took 1.9-2.9 ms for any of
+1-16 rows: one read of the weight at the machine's bandwidth, decode and verify alike. bf16 gains less (1.0-1.5 ms
+vs 1.2-1.7 ms) with identical results.
+
+How: :func:`fast_linears` swaps the ``forward`` of every plain ``nn.Linear`` of the given models while the block
+runs (restored in ``finally``). Nothing is assumed about the machine: for every (dtype, weight shape, bias, rows,
+torch threads) the first calls run ``F.linear`` and the packed kernel in turn on the real data, timed (the trials
+do the real work), and the packed kernel is kept only if its median beats ``F.linear`` by ``MARGIN``. A module's
+packed weight is made on its first use and kept, keyed by the weight's storage and version (a changed weight is
+packed again), so later generate calls pay nothing; :func:`release` drops them (the packed copy costs as much
+memory as the weight itself).
+
+Exactness: the packed kernel sums in another order than ``F.linear`` (~1e-6 relative in float32; bf16 measured
+identical), the same order of difference as between transformers' own verify and decode forwards, which already
+use different kernels. Skipped (the original ``F.linear`` runs): other devices than CPU, dtypes other than
+float32/bfloat16, autograd, more than ``MAX_ROWS`` rows (prefill: GEMM kernels are efficient there), subclasses of
+``nn.Linear`` (quantised layers) and modules whose ``forward`` someone already replaced (accelerate hooks).
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["MARGIN", "MAX_ROWS", "MEMORY_SHARE", "TRIALS", "FastLinears", "LinearChoice", "LinearKey", "available",
+           "choices", "fast_linears", "packed_linear", "release", "wants_fast_linears"]
+
+MAX_ROWS = 64
+TRIALS = 3
+MARGIN = 0.9
+_DTYPES = (torch.float32, torch.bfloat16)
+CANDIDATES = ("linear", "packed")
+
+
+def available() -> bool:
+    """Whether this torch can pack weights for oneDNN (x86/Arm CPU builds with mkldnn)."""
+    return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+@dataclass(frozen=True)
+class LinearKey:
+    """What a kernel choice depends on."""
+
+    dtype: str
+    out_features: int
+    in_features: int
+    bias: bool
+    rows: int
+    threads: int
+
+
+@dataclass
+class LinearChoice:
+    """Timed trials of ``F.linear`` and the packed kernel for one key, and the kernel kept (None while trialling)."""
+
+    key: LinearKey
+    timings_ms: dict[str, list[float]] = field(default_factory=lambda: {name: [] for name in CANDIDATES})
+    chosen: str | None = None
+
+    def median_ms(self, name: str) -> float:
+        return statistics.median(self.timings_ms[name])
+
+    @property
+    def speedup(self) -> float:
+        """``F.linear``'s median / the kept kernel's (1.0 while trialling or when ``F.linear`` is kept)."""
+        return 1.0 if self.chosen is None else self.median_ms("linear") / self.median_ms(self.chosen)
+
+
+_CHOICES: dict[LinearKey, LinearChoice] = {}
+_LOCK = threading.Lock()
+# module -> (weight storage pointer, weight version, packed weight); weak so a freed model frees its copies.
+_PACKED: weakref.WeakKeyDictionary[nn.Linear, tuple[int, int, torch.Tensor]] = weakref.WeakKeyDictionary()
+
+
+def choices() -> list[LinearChoice]:
+    """Every choice made (or in trial) in this process."""
+    with _LOCK:
+        return list(_CHOICES.values())
+
+
+def release(model: nn.Module | None = None) -> None:
+    """Drop the packed copies of ``model``'s linear layers (of every model when None) to free their memory."""
+    with _LOCK:
+        if model is None:
+            _PACKED.clear()
+            return
+        for module in model.modules():
+            _PACKED.pop(module, None)
+
+
+def _packed(module: nn.Linear) -> torch.Tensor | None:
+    weight = module.weight
+    stamp = (weight.data_ptr(), weight._version)
+    entry = _PACKED.get(module)
+    if entry is not None and entry[:2] == stamp:
+        return entry[2]
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+    except RuntimeError:  # a dtype or CPU this oneDNN build cannot pack for
+        return None
+    _PACKED[module] = (*stamp, packed)
+    return packed
+
+
+def _run(name: str, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    if name == "packed":
+        packed = _packed(module)
+        if packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, packed, module.bias, "none", [], "")
+    return F.linear(x, module.weight, module.bias)
+
+
+def packed_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` with the kernel measured fastest for its key (trials while undecided)."""
+    weight = module.weight
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if (
+        not 1 <= rows <= MAX_ROWS or x.device.type != "cpu" or x.dtype != weight.dtype or weight.dtype not in _DTYPES
+        or (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
+    ):
+        return F.linear(x, weight, module.bias)
+    key = LinearKey(str(weight.dtype).removeprefix("torch."), weight.shape[0], weight.shape[1],
+                    module.bias is not None, rows, torch.get_num_threads())
+    choice = _CHOICES.get(key)
+    if choice is not None and choice.chosen is not None:
+        return _run(choice.chosen, module, x)
+    with _LOCK:
+        choice = _CHOICES.setdefault(key, LinearChoice(key))
+        name = min(CANDIDATES, key=lambda n: len(choice.timings_ms[n]))  # round-robin, F.linear first
+        if name == "packed":
+            _packed(module)  # packing is a one-off per module: not part of the kernel's time
+    start = time.perf_counter()
+    out = _run(name, module, x)
+    elapsed = (time.perf_counter() - start) * 1e3
+    with _LOCK:
+        choice.timings_ms[name].append(elapsed)
+        if choice.chosen is None and all(len(t) >= TRIALS for t in choice.timings_ms.values()):
+            keep = choice.median_ms("packed") < MARGIN * choice.median_ms("linear")
+            choice.chosen = "packed" if keep else "linear"
+    return out
+
+
+def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return packed_linear(self, x)
+
+
+def _eligible(module: nn.Module) -> bool:
+    # Exactly nn.Linear: subclasses (quantised layers) have other weight semantics; an instance-level forward
+    # means someone (accelerate offload hooks, the verify head) already wraps it.
+    return (type(module) is nn.Linear and "forward" not in module.__dict__ and module.weight.device.type == "cpu"
+            and module.weight.dtype in _DTYPES)
+
+
+# Packed copies may take at most this share of the memory the OS reports available (they double the weights).
+MEMORY_SHARE = 0.5
+
+
+def _available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+@dataclass
+class FastLinears:
+    """What a :func:`fast_linears` block did: layers swapped, or why none were (stats and benches report it)."""
+
+    layers: int = 0
+    reason: str = ""
+
+    def __str__(self) -> str:
+        return f"fast linears on {self.layers} layers" if self.layers else f"F.linear ({self.reason})"
+
+
+@contextmanager
+def fast_linears(*models: nn.Module, enabled: bool = True) -> Iterator[FastLinears]:
+    """Within the block, every eligible ``nn.Linear`` of ``models`` runs :func:`packed_linear`; restored on exit
+    (also on errors). Yields a :class:`FastLinears` report. Nothing is swapped when disabled, when this torch has
+    no oneDNN, or when the packed copies not yet made would take more than ``MEMORY_SHARE`` of available memory
+    (then the report says so)."""
+    swapped: list[nn.Linear] = []
+    report = FastLinears(reason="off")
+    if enabled and not available():
+        report.reason = "this torch build has no oneDNN packed kernels"
+    elif enabled:
+        seen: set[int] = set()
+        for model in models:
+            for module in model.modules():
+                if id(module) not in seen and _eligible(module):
+                    seen.add(id(module))
+                    swapped.append(module)
+        new_bytes = sum(m.weight.numel() * m.weight.element_size() for m in swapped if m not in _PACKED)
+        free = _available_bytes()
+        if free is not None and new_bytes > MEMORY_SHARE * free:
+            report.reason = (f"packed copies need {new_bytes / 2**30:.1f} GiB, {free / 2**30:.1f} GiB available: "
+                             f"hf_vocabspec.kernels.release() frees earlier ones")
+            swapped = []
+        elif not swapped:
+            report.reason = "no float32/bfloat16 nn.Linear on CPU"
+    report.layers = len(swapped)
+    with ExitStack() as stack:
+        for module in swapped:
+            module.forward = _forward.__get__(module, nn.Linear)
+            stack.callback(module.__dict__.pop, "forward", None)
+        yield report
+
+
+def wants_fast_linears(assistant) -> bool:
+    """A generate call with one of our drafters runs the target's and drafter's linear layers through
+    :func:`fast_linears` unless the drafter (or SSD session) says ``use_fast_linears = False``."""
+    return bool(getattr(assistant, "use_fast_linears", True))

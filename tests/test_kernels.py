@@ -1,0 +1,167 @@
+"""Fast linears (kernels.py): oneDNN packed weights give F.linear's numbers up to summation order, are chosen by
+measurement, run only inside hf_vocabspec generate calls (restored after, also on errors), keep greedy output and
+the sampled law exact, and a wrong packed kernel is caught (power)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from marginals import check_lossless, pruned_drafter
+from tiny import VOCAB, make_pair
+from torch import nn
+from transformers import StoppingCriteria, StoppingCriteriaList
+
+import hf_vocabspec
+from hf_vocabspec import kernels
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="this torch build has no oneDNN")
+
+
+@pytest.fixture
+def packed(monkeypatch):
+    """Always keep the packed kernel (tiny layers would otherwise pick by timing); count the packed calls."""
+    calls = []
+    original = kernels._run
+
+    def spy(name, module, x):
+        calls.append((name, x.numel() // x.shape[-1]))
+        return original(name, module, x)
+
+    monkeypatch.setattr(kernels, "MARGIN", float("inf"))
+    monkeypatch.setattr(kernels, "_run", spy)
+    kernels._CHOICES.clear()
+    yield calls
+    kernels._CHOICES.clear()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 3, 6])
+def test_packed_matches_f_linear(dtype, bias, rows, packed):
+    layer = nn.Linear(48, 40, bias=bias).to(dtype)
+    x = torch.randn(1, rows, 48).to(dtype)
+    with torch.no_grad(), kernels.fast_linears(layer) as report:
+        outs = [layer(x) for _ in range(2 * kernels.TRIALS + 2)]
+    assert report.layers == 1 and "forward" not in layer.__dict__
+    ref = F.linear(x, layer.weight, layer.bias)
+    for out in outs:
+        torch.testing.assert_close(out, ref, rtol=1e-5 if dtype == torch.float32 else 1e-2, atol=1e-5)
+    assert ("packed", rows) in packed
+
+
+def test_choice_is_made_by_measurement(monkeypatch):
+    """F.linear is kept unless the packed kernel's median beats it by MARGIN."""
+    kernels._CHOICES.clear()
+    layer = nn.Linear(16, 8)
+    x = torch.randn(2, 16)
+    monkeypatch.setattr(kernels, "MARGIN", 0.0)  # nothing can beat 0 x F.linear
+    with torch.no_grad(), kernels.fast_linears(layer):
+        for _ in range(2 * kernels.TRIALS + 1):
+            layer(x)
+    (choice,) = kernels.choices()
+    assert choice.chosen == "linear" and choice.speedup == 1.0
+    assert all(len(t) == kernels.TRIALS for t in choice.timings_ms.values())
+    kernels._CHOICES.clear()
+
+
+def test_skipped_where_it_cannot_apply(packed):
+    layer = nn.Linear(16, 8)
+    with kernels.fast_linears(layer):
+        layer(torch.randn(3, 16))  # autograd: F.linear
+        with torch.no_grad():
+            layer(torch.randn(kernels.MAX_ROWS + 1, 16))  # prefill-sized
+            layer.double()(torch.randn(2, 16).double())  # a dtype oneDNN does not pack
+    assert packed == []
+
+
+def test_a_changed_weight_is_packed_again(packed):
+    layer = nn.Linear(16, 8, bias=False)
+    x = torch.randn(2, 16)
+    with torch.no_grad(), kernels.fast_linears(layer):
+        layer(x), layer(x)
+        layer.weight.mul_(2.0)
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
+    kernels.release(layer)
+    assert layer not in kernels._PACKED
+
+
+def test_refused_when_the_copies_would_not_fit(monkeypatch):
+    layer = nn.Linear(64, 64)
+    monkeypatch.setattr(kernels, "_available_bytes", lambda: 1000)
+    kernels.release(layer)
+    with kernels.fast_linears(layer) as report:
+        assert report.layers == 0 and "GiB available" in str(report)
+        assert "forward" not in layer.__dict__
+
+
+def test_restored_on_error_and_disabled_switch(packed):
+    layer = nn.Linear(8, 8)
+    with pytest.raises(RuntimeError, match="boom"), kernels.fast_linears(layer):
+        assert "forward" in layer.__dict__
+        raise RuntimeError("boom")
+    assert "forward" not in layer.__dict__
+    with kernels.fast_linears(layer, enabled=False) as report:
+        assert report.layers == 0 and "forward" not in layer.__dict__
+
+
+# --- inside generate ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])
+def test_greedy_identical_with_fast_linears(kind, packed):
+    target, base = make_pair(kind, seed=3, head_scale=8.0)
+    drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)) + [3, 5])
+    g = torch.Generator().manual_seed(0)
+    for _ in range(6):
+        prompt = torch.randint(3, VOCAB, (1, int(torch.randint(1, 12, (1,), generator=g))), generator=g)
+        ref = target.generate(prompt, do_sample=False, max_new_tokens=30)
+        packed.clear()
+        out = target.generate(prompt, do_sample=False, max_new_tokens=30, assistant_model=drafter)
+        assert torch.equal(ref, out), (prompt, ref, out)
+        assert any(name == "packed" and rows > 1 for name, rows in packed)  # the target's verify forwards
+        assert all("forward" not in m.__dict__ for m in target.modules())  # restored after the call
+    assert drafter.last_speculation_stats.kernels.startswith("fast linears on")
+
+
+def test_switch_off_and_error_restore(packed):
+    target, base = make_pair("llama", seed=7, head_scale=8.0)
+    drafter = hf_vocabspec.trim_drafter(base, range(VOCAB - 10))
+    prompt = torch.tensor([[1, 6, 9, 14]])
+    drafter.use_fast_linears = False
+    target.generate(prompt, do_sample=False, max_new_tokens=8, assistant_model=drafter)
+    assert packed == [] and drafter.last_speculation_stats.kernels == "F.linear (off)"
+    del drafter.use_fast_linears
+
+    class Explode(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            raise RuntimeError("stop here")
+
+    with pytest.raises(RuntimeError, match="stop here"):
+        target.generate(prompt, do_sample=False, max_new_tokens=8, assistant_model=drafter,
+                        stopping_criteria=StoppingCriteriaList([Explode()]))
+    assert packed and all("forward" not in m.__dict__ for m in (*target.modules(), *drafter.modules()))
+
+
+@pytest.fixture(scope="module")
+def lossless_pair():
+    return pruned_drafter("llama")
+
+
+def test_sampling_with_fast_linears_is_lossless(lossless_pair, packed):
+    """Chi-square of the first two sampled tokens against the exact target marginals (marginals.py threshold)."""
+    target, drafter, probe = lossless_pair
+    check_lossless(target, drafter, {"temperature": 0.9}, pruned_probe=probe)
+    assert any(name == "packed" and rows == 3 for name, rows in packed)  # L=2: verify forwards of 3 rows
+
+
+def test_wrong_packed_kernel_is_detected(lossless_pair, monkeypatch, packed):
+    """Power: a packed kernel whose multi-row output is wrong (rows of the batch mixed up) must fail."""
+    target, drafter, probe = lossless_pair
+    original = kernels._run
+
+    def wrong(name, module, x):
+        out = original(name, module, x)
+        return out.roll(1, dims=-2) if name == "packed" and x.numel() // x.shape[-1] > 1 else out
+
+    monkeypatch.setattr(kernels, "_run", wrong)
+    with pytest.raises(AssertionError):
+        check_lossless(target, drafter, {"temperature": 0.9}, pruned_probe=probe)
