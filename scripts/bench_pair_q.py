@@ -141,7 +141,8 @@ def main() -> None:
 
     full = load_model(args.drafter, dtype=dtype).eval()
     hf_default = copy.deepcopy(full.generation_config)  # HF's own defaults for an assistant (untouched)
-    methods = [Method("target only"), Method(HF_DEFAULT, full, attrs={"generation_config": hf_default})]
+    methods = [Method("target only"), Method("target only (fast linears)", fast_linears=True),
+               Method(HF_DEFAULT, full, attrs={"generation_config": hf_default})]
     hf_fixed = []
     for L in args.hf_draft_lengths:
         methods.append(Method(f"HF assisted L={L}", full,
@@ -153,6 +154,8 @@ def main() -> None:
     kk, L = trimmed.config.draft_vocab_size, args.num_assistant_tokens
     methods.append(Method(f"trimmed k={kk} L={L}", trimmed, attrs={"use_context_tokens": False}))
     methods.append(Method(f"trimmed k={kk} L={L} +context", trimmed, attrs={"use_context_tokens": True}))
+    methods.append(Method(f"trimmed k={kk} L={L} +context F.linear", trimmed,
+                          attrs={"use_context_tokens": True, "use_fast_linears": False}))
     # trimming on top of HF's own default schedule (L=20, stop below confidence 0.4): what trimming adds alone
     methods.append(Method(f"trimmed k={kk} HF default schedule +context", trimmed,
                           attrs={"use_context_tokens": True, "generation_config": copy.deepcopy(hf_default)}))
