@@ -133,7 +133,7 @@ def main() -> None:
             base = None
             for kind in args.kernels:
                 with kernels.fast_linears(model, enabled=kind == "fast") as report:
-                    warmup = 2 * kernels.TRIALS + 1 if report.layers else 1
+                    warmup = 2 * kernels.TRIALS + 3 if report.layers else 1
                     secs = {m: forward_seconds(model, args.context, m, args.repeats, args.device, warmup)
                             for m in args.positions}
                 base = base or secs[1]  # ratios against the first kernels' decode step

@@ -57,7 +57,7 @@ def test_choice_is_made_by_measurement(monkeypatch):
     x = torch.randn(2, 16)
     monkeypatch.setattr(kernels, "MARGIN", 0.0)  # nothing can beat 0 x F.linear
     with torch.no_grad(), kernels.fast_linears(layer):
-        for _ in range(2 * kernels.TRIALS + 1):
+        for _ in range(2 * (kernels.TRIALS + 1)):
             layer(x)
     (choice,) = kernels.choices()
     assert choice.chosen == "linear" and choice.speedup == 1.0
