@@ -101,6 +101,7 @@ def _select(args, counts, model, out_dir: Path):
     """Run the vocabulary search; write selection.json, pareto.png (and latency.png when measured).
 
     Files are written only after the search succeeded (a refused run leaves no half-filled folder)."""
+    from ..evaluation.plots import plot_latency_curve, plot_pareto
     from ..selection import select_vocabulary
 
     vocab = counts.vocab_size
@@ -117,8 +118,8 @@ def _select(args, counts, model, out_dir: Path):
     )
     out_dir.mkdir(parents=True, exist_ok=True)  # inside a temp folder swapped in whole (atomic_directory)
     if curve is not None:
-        curve.plot(out_dir / "latency.png")
-    result.plot_pareto(out_dir / "pareto.png")
+        plot_latency_curve(curve, out_dir / "latency.png")
+    plot_pareto(result, out_dir / "pareto.png")
     info = result.to_dict() | {"counts_tokenizer": counts.tokenizer_name, "counts_tokenizer_sha256": counts.tokenizer_sha256,
                                "cost_used": cost_note, "latency_curve": curve.to_dict() if curve else None}
     (out_dir / "selection.json").write_text(json.dumps(info, indent=2))

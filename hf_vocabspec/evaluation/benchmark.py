@@ -22,7 +22,7 @@ from transformers import GenerationConfig
 from transformers.generation.candidate_generator import AssistedCandidateGenerator
 
 from .._io import atomic_write
-from ..cost import RoundModel, iid_acceptance
+from ..cost import RoundModel, iid_acceptance, project_ssd_speedup
 from ..drafter import TrimmedDrafter, set_draft_length
 from ..generation import SpeculationStats
 from .data import eval_prompts, first_exchange, load_workload  # noqa: F401 (re-exported)
@@ -223,9 +223,9 @@ def speculation_vs_target(r: MethodResult, base: MethodResult) -> dict:
     if None in (verify, draft, decode, tau) or not r.rounds:
         return out
     drafts = r.proposed / r.rounds
-    rounds = RoundModel.from_measured(draft, verify, decode)
+    round_model = RoundModel.from_measured(draft, verify, decode)
     out.update(draft_verify_cost_ratio=draft / verify, acceptance_iid=iid_acceptance(tau, drafts),
-               expected_speedup_theory=rounds.speedup(drafts, tau=tau))
+               expected_speedup_theory=round_model.speedup(drafts, tau=tau))
     return out
 
 
@@ -590,7 +590,7 @@ def _ssd_methods(cfg: BenchConfig, name: str, drafter: TrimmedDrafter, sessions:
 
     with applied_attrs(drafter, {"use_context_tokens": False}):  # the worker copies the switches at start
         session = SSDSession(drafter, SSDConfig(fan_out=cfg.ssd_fan_out, saguaro_scale=cfg.ssd_saguaro_scale,
-                                                mode=cfg.ssd_mode, num_assistant_tokens=cfg.num_draft_tokens))
+                                                mode=cfg.ssd_mode, num_draft_tokens=cfg.num_draft_tokens))
     sessions.append(session)
     off = {"use_context_tokens": False}
     return [Method(f"{name} (1 thread)", drafter, attrs=off, threads=1),
@@ -600,10 +600,8 @@ def _ssd_methods(cfg: BenchConfig, name: str, drafter: TrimmedDrafter, sessions:
 
 def ssd_rows(res: dict[str, MethodResult], rows: dict[str, dict], methods: Sequence[Method], num_draft_tokens: int):
     """Add to each SSD row: measured speedup over the best ordinary row with the same drafter, and the speedup
-    PROJECTED for a drafter with dedicated compute (hf_vocabspec.ssd.project_speedup) from the measured hit
+    PROJECTED for a drafter with dedicated compute (hf_vocabspec.cost.project_ssd_speedup) from the measured hit
     rate and tree time (SSD row) and the measured draft step, verify step and tau of the ordinary 1-thread row."""
-    from ..ssd import project_speedup
-
     by_drafter: dict[int, list[Method]] = {}
     for m in methods:
         if m.kind in ("trimmed", "ssd") and not m.attrs.get("use_context_tokens", False):
@@ -621,7 +619,7 @@ def ssd_rows(res: dict[str, MethodResult], rows: dict[str, dict], methods: Seque
             if None in (base.draft_step_ms, base.target_step_ms, base.mean_accepted_length) or not st.trees:
                 row["ssd"]["projected_speedup_vs_sd"] = None
                 continue
-            proj = project_speedup(hit_rate=st.hit_rate, draft_step_s=base.draft_step_ms / 1e3,
+            proj = project_ssd_speedup(hit_rate=st.hit_rate, draft_step_s=base.draft_step_ms / 1e3,
                                    verify_step_s=base.target_step_ms / 1e3, tree_s=st.tree_s,
                                    num_draft_tokens=num_draft_tokens, tau_sd=base.mean_accepted_length,
                                    tau_ssd=res[m.name].mean_accepted_length, compute="dedicated")
