@@ -160,7 +160,7 @@ def test_save_load_round_trip_and_foreign_files(tmp_path, real_counts):
         TokenCounts.load(foreign)
     garbage = tmp_path / "garbage.safetensors"
     garbage.write_bytes(b"definitely not safetensors")
-    with pytest.raises(ValueError, match="not an hf_vocabspec counts file"):
+    with pytest.raises(ValueError, match="not a readable counts file"):
         TokenCounts.load(garbage)
 
 
