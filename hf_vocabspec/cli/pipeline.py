@@ -265,22 +265,28 @@ def cmd_trim(args) -> int:
           f"trimmed ({speedup:.2f}x; body-only floor {measured.floor_seconds * 1e3:.1f} ms)")
     print(f"saved to {out}")
     if args.push_to_hub:
-        from ..hub import push_drafter_to_hub
+        from ..hub import EvalResultRow, push_drafter_to_hub
 
         workload = f"{args.dataset} (held-out assistant turns)" if held_counts is not None else (
             f"{args.counts} (counts file)" if args.counts else f"{args.dataset} (counted assistant turns)")
         measured_rows = [
-            {"metric_type": "coverage", "metric_name": "assistant-token coverage of the kept vocabulary",
-             "metric_value": round(coverage, 6), "dataset_name": workload},
-            {"metric_type": "draft_step_speedup", "metric_name": f"draft-step speedup vs full head ({args.dtype}, measured)",
-             "metric_value": round(speedup, 4), "dataset_name": workload},
+            EvalResultRow(metric_type="coverage", metric_name="assistant-token coverage of the kept vocabulary",
+                          metric_value=round(coverage, 6), dataset_name=workload),
+            EvalResultRow(metric_type="draft_step_speedup",
+                          metric_name=f"draft-step speedup vs full head ({args.dtype}, measured)",
+                          metric_value=round(speedup, 4), dataset_name=workload),
         ]
+        if args.bench_results:  # the bench's results.json is read here, in the tooling; the card takes rows
+            from ..evaluation.benchmark import eval_results_from_benchmark
+
+            measured_rows += eval_results_from_benchmark(args.bench_results, drafter.config.draft_vocab_size,
+                                                         context_tokens=bool(drafter.config.context_tokens))
         sel_dir = out / "selection"
         extra = {f"selection/{name}": sel_dir / name for name in ("selection.json", "pareto.png", "latency.png")
                  if result is not None and (sel_dir / name).is_file()}
         url = push_drafter_to_hub(
             drafter, args.push_to_hub, tokenizer=tokenizer, eval_results=measured_rows, license=args.license,
-            private=args.private, custom_generate=not args.no_custom_generate, benchmark=args.bench_results,
+            private=args.private, custom_generate=not args.no_custom_generate,
             pareto=None if result is None else result.to_dict()["pareto"] + [
                 {"k": result.k, "coverage": result.coverage, "relative_cost": result.relative_draft_cost, "chosen": True}],
             extra_files=extra,

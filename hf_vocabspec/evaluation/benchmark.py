@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import os
 import platform
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 from transformers import GenerationConfig
@@ -25,6 +27,7 @@ from .._io import atomic_write
 from ..cost import RoundModel, iid_acceptance, project_ssd_speedup
 from ..drafter import TrimmedDrafter, set_draft_length
 from ..generation import SpeculationStats
+from ..hub import EvalResultRow
 from .data import eval_prompts, first_exchange, load_workload  # noqa: F401 (re-exported)
 
 
@@ -724,3 +727,47 @@ def plot_report(report: dict, out_dir) -> None:
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(f"{out_dir}/throughput_vs_vocab.png", dpi=120)
+
+
+# --- a report's rows for a drafter's model card (the core's card code takes typed rows; this reads the format) ---
+def _is_trimmed_row(name: str, row: dict) -> bool:
+    """A bench row of a trimmed drafter: its ``kind`` field (reports before 2026-11-24 only had the name)."""
+    return row.get("kind") == "trimmed" if "kind" in row else name.startswith("trimmed k=")
+
+
+def eval_results_from_benchmark(report: dict | str | os.PathLike, kept_vocab: int | None = None,
+                                context_tokens: bool = False) -> list[EvalResultRow]:
+    """Eval-result rows (:class:`~hf_vocabspec.hub.EvalResultRow`, for ``push_drafter_to_hub(eval_results=)``)
+    from an ``hf-vocabspec bench`` ``results.json`` (a path or the loaded dict).
+
+    Takes the ``trimmed k=<kept_vocab>`` method (the only trimmed one when ``kept_vocab`` is None) of every
+    workload x mode run: acceptance rate, mean accepted length, median speedups vs target-only and vs HF
+    assisted with the untrimmed drafter, and held-out coverage. (Moved here from hf_vocabspec.hub in issue #29:
+    the report is this module's format.)
+    """
+    if not isinstance(report, dict):
+        report = json.loads(Path(report).read_text())
+    rows: list[EvalResultRow] = []
+    for run in report.get("runs", []):
+        methods = run.get("methods", {})
+        # "+context" rows are the same drafter with context tokens on: take the rows matching how it ships
+        trimmed = {n: m for n, m in methods.items()
+                   if _is_trimmed_row(n, m) and bool(m.get("context_tokens")) == context_tokens}
+        if kept_vocab is not None:
+            trimmed = {n: m for n, m in trimmed.items() if m.get("kept_vocab") == kept_vocab}
+        elif len(trimmed) > 1:
+            raise ValueError(f"The benchmark has several trimmed sizes ({', '.join(trimmed)}): pass kept_vocab=.")
+        for m in trimmed.values():
+            where = f"{run['workload']} ({'held-out, ' if run.get('in_domain') else ''}{run['mode']})"
+            picks = [("acceptance_rate", "acceptance rate", m.get("acceptance_rate")),
+                     ("mean_accepted_length", "mean accepted length (tokens per target step)", m.get("mean_accepted_length")),
+                     ("speedup_vs_target", "tokens/s vs target only (median)", (m.get("speedup_vs_target") or {}).get("median")),
+                     ("speedup_vs_hf_assisted", "tokens/s vs HF assisted, untrimmed drafter (median)",
+                      (m.get("speedup_vs_hf_assisted") or {}).get("median")),
+                     ("coverage", "held-out assistant-token coverage", m.get("eval_coverage"))]
+            rows += [EvalResultRow(metric_type=t, metric_name=n, metric_value=round(float(v), 4), dataset_name=where)
+                     for t, n, v in picks if v is not None]
+    if not rows:
+        raise ValueError(f"The benchmark report has no run of a trimmed drafter with {kept_vocab} kept tokens: "
+                         "benchmark this size (`hf-vocabspec bench --ks K`) or push without it.")
+    return rows
