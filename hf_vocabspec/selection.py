@@ -427,6 +427,8 @@ class AcceptanceProfile:
         return self.round_yield(k, num_draft_tokens, context_tokens, confidence_threshold).tau
 
     def to_dict(self) -> dict:
+        """A summary for reports (tune.json's ``measured.acceptance``; its ``chained_rounds`` key was written as
+        ``simulate_rounds`` before issue #29, same meaning)."""
         return {"ks": self.ks, "mode": self.mode, "agreement": self.agreement, "segments": self.segments,
                 "chained_rounds": self.chained_rounds,
                 "mean_vanilla": self.vanilla.mean(0).tolist(),
@@ -445,8 +447,8 @@ class ThroughputModel:
     with tau and the draft counts from :class:`AcceptanceProfile`, the draft step from a measured
     :class:`~hf_vocabspec.cost.LatencyCurve` and ``forward_seconds[n]`` the target's measured forward over n new
     positions (a verify step at n = L+1; ``forward_seconds[1]`` is its decode step, the target-only baseline;
-    counts between measured ones are interpolated). (Named ``verify_seconds`` before issue #29.) Confidence thresholds (transformers' ``assistant_confidence_threshold``: stop drafting
-    after an unsure draft) are searched where the profile has the drafter's confidence (greedy); 0 is none.
+    counts between measured ones are interpolated; named ``verify_seconds`` before issue #29). Confidence
+    thresholds (transformers' ``assistant_confidence_threshold``: stop drafting after an unsure draft) are searched where the profile has the drafter's confidence (greedy); 0 is none.
     Call it with an Optuna trial to use it as an objective in your own study.
     """
 
