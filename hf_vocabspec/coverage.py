@@ -22,6 +22,9 @@ from safetensors.torch import save_file
 
 from ._io import atomic_write, read_safetensors, tensors_checksum
 
+__all__ = ["CHAT_ROLES", "AssistantTurnFormat", "TokenCounts", "assistant_texts", "assistant_turn_format",
+           "count_assistant_tokens", "count_assistant_tokens_distributed", "normalized_messages"]
+
 # Speaker names of chat formats -> the role they play (messages' "role", ShareGPT's "from"): the one table.
 CHAT_ROLES = {"user": "user", "human": "user", "system": "system", "assistant": "assistant", "gpt": "assistant",
               "chatgpt": "assistant", "bing": "assistant", "bard": "assistant", "model": "assistant"}
