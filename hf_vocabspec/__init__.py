@@ -10,7 +10,8 @@ Importing the package registers :class:`TrimmedDrafter` with the Auto classes an
 
 The top level holds what the README uses, nothing more; the rest lives in its submodule (reachable as an
 attribute without importing it first): ``coverage`` (counting), ``selection`` (choosing k; the tuning model
-``ThroughputModel`` / ``tune``), ``cost`` (draft FLOPs, measured latency, ``RoundModel``), ``drafter``,
+``ThroughputModel`` / ``tune``), ``cost`` (draft FLOPs, measured latency, and the one round model: ``RoundModel``,
+tau as ``tokens_per_round``), ``drafter``,
 ``generation`` (``SpeculationStats``, the candidate generator), ``hub`` (cards, errors), ``export`` (SGLang /
 EAGLE-3 maps), ``rdk``, ``ssd``, ``verify_head``. The tooling is imported by name: ``hf_vocabspec.evaluation``
 (offline models and data, benchmarks, tune, distill) and ``hf_vocabspec.cli``. Names other than the drafter's

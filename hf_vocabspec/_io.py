@@ -14,6 +14,9 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+__all__ = ["atomic_directory", "atomic_write", "build_once", "first_line", "read_safetensors", "recover_directory",
+           "tensors_checksum"]
+
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
     """Call ``write(tmp)`` on a temp sibling of ``path``, then rename it over ``path``."""
@@ -94,21 +97,43 @@ def first_line(err: BaseException, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def read_safetensors(path: str | os.PathLike, what: str, fix: str) -> tuple[dict, dict]:
-    """(tensors, metadata) of a safetensors file; a missing, cut or corrupt file is one ValueError naming ``fix``."""
+def read_safetensors(path: str | os.PathLike, what: str, fix: str,
+                     check: Callable[[dict, list[str]], None] | None = None) -> tuple[dict, dict]:
+    """(tensors, metadata) of a safetensors file; a missing, cut or corrupt file is one error naming ``fix``.
+
+    ``check(metadata, tensor names)``, run before any tensor is read, may refuse a file that is not the kind
+    expected (its ValueError passes through), so a foreign file (model weights, say) is never loaded."""
     from safetensors import safe_open
 
     if not os.path.isfile(path):
         raise FileNotFoundError(f"No such {what}: {os.fspath(path)!r} ({fix}).")
     try:
         with safe_open(os.fspath(path), framework="pt") as f:
-            return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
+            meta, names = dict(f.metadata() or {}), list(f.keys())
+            if check is not None:
+                try:
+                    check(meta, names)
+                except ValueError as refused:
+                    raise _Refused(refused) from None
+            return {k: f.get_tensor(k) for k in names}, meta
+    except _Refused as refused:
+        raise refused.error from None
     except Exception as err:  # SafetensorError (not an OSError), truncated data, bad dtype names, ...
         raise ValueError(f"{os.fspath(path)} is not a readable {what} ({first_line(err)}): {fix}.") from err
 
 
-def tensors_checksum(tensors: dict, meta: dict, *, skip: str = "sha256") -> str:
-    """SHA-256 over tensors (name, dtype, shape, bytes) and metadata (but ``skip``): edits and bit flips show."""
+class _Refused(Exception):
+    """Carries a ``check``'s refusal out of read_safetensors' catch-all."""
+
+    def __init__(self, error: ValueError):
+        super().__init__(str(error))
+        self.error = error
+
+
+def tensors_checksum(tensors: dict, meta: dict, *, skip: str = "sha256", described: bool = True) -> str:
+    """SHA-256 over tensors (by name: with ``described`` each one's name, dtype and shape, then its bytes;
+    without, the bytes alone, the layout of counts files, which hold one int64 vector) and metadata (but
+    ``skip``): edits and bit flips show. The one checksum of the package's safetensors files."""
     import hashlib
     import json
 
@@ -117,7 +142,8 @@ def tensors_checksum(tensors: dict, meta: dict, *, skip: str = "sha256") -> str:
     h = hashlib.sha256()
     for name in sorted(tensors):
         t = tensors[name].detach().to("cpu").contiguous()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        if described:
+            h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     h.update(json.dumps({k: v for k, v in sorted(meta.items()) if k != skip}).encode())
     return h.hexdigest()

@@ -1,6 +1,6 @@
-"""What one draft step costs as a function of the kept vocabulary size k: FLOPs, and measured latency.
+"""The cost model: what a draft step costs at kept size k, and the ONE model of a speculative round.
 
-Two cost models, both used by :func:`hf_vocabspec.selection.select_vocabulary`:
+Draft-step cost (used by :func:`hf_vocabspec.selection.select_vocabulary`):
 
 - :func:`draft_flops`: architecture-aware forward FLOPs of one cached decode step, read from any HF
   decoder config (GQA, ``head_dim != hidden/heads``, sliding-window layers, gated or plain MLPs, the
@@ -12,6 +12,19 @@ Two cost models, both used by :func:`hf_vocabspec.selection.select_vocabulary`:
   and sits on top of a floor (the body, plus per-layer framework overhead that dominates small models).
   On the project's 2-core CPU, Gemma-3-270M's head is ~50% of the FLOPs but trimming it to 32k rows
   saved 28% of the step, not 44%. Selection should use the measured curve where it can.
+
+The round (words as in docs/glossary.md; every other module calls these, none has its own copy, which
+tests/test_layout.py checks):
+
+- tau, tokens per round: :func:`tokens_per_round` (given, i.i.d. acceptance a, or per-position acceptances),
+  its inverse :func:`iid_acceptance`, along scored sequences :func:`mean_tokens_per_round` (every start) and
+  :func:`simulate_rounds` (rounds chained as generation runs them, -> :class:`RoundYield`), and an SSD
+  round's :func:`ssd_tokens_per_round`.
+- time of a round, tokens/s and speedup: :class:`RoundModel` (ordinary and SSD rounds; :class:`SSDProjection`,
+  :func:`project_ssd_speedup`), and :func:`speculative_speedup` (Leviathan et al.'s closed form).
+
+Names say their unit: ``*_seconds`` / ``*_s`` are seconds, ``*_ms`` milliseconds; a ``*_step_seconds`` is one
+forward (draft step, verify step, decode step).
 """
 
 from __future__ import annotations
@@ -20,11 +33,17 @@ import statistics
 import time
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
 from .drafter import cache_kwarg, model_body
+
+__all__ = [
+    "NON_GATED_MODEL_TYPES", "SSD_BACKUPS", "SSD_COMPUTES", "LatencyCurve", "RoundModel", "RoundYield", "SSDProjection",
+    "draft_flops", "head_share", "iid_acceptance", "mean_tokens_per_round", "measure_draft_latency",
+    "project_ssd_speedup", "simulate_rounds", "speculative_speedup", "ssd_tokens_per_round", "tokens_per_round",
+]
 
 # Model types whose MLP is NOT gated (two matrices, up + down). Every other decoder is assumed gated
 # (gate, up, down: Llama, Mistral, Qwen2/3, Gemma 1-3, Phi-3, OLMo, SmolLM, Granite, ...), which is what
@@ -135,26 +154,152 @@ def head_share(config, k: int | None = None, context_length: int = 512) -> float
     return f["lm_head"] / f["total"]
 
 
-# --- the speculative-decoding formulas (Leviathan et al. 2023); their one home -------------------------------
-def expected_accepted_length(acceptance: float | None, num_draft_tokens: int | float = 5) -> float | None:
-    """tau: expected tokens per verify round, (1 - a^(L+1)) / (1 - a), when each of L drafts is accepted
-    i.i.d. with probability a (counts the bonus token)."""
-    if acceptance is None:
-        return None
-    a, n = min(max(float(acceptance), 0.0), 1.0), num_draft_tokens
-    return float(n + 1) if a >= 1 else (1 - a ** (n + 1)) / (1 - a)
+# --- tau, tokens per round: its one home (Leviathan et al. 2023 and the per-position forms) -------------------
+def tokens_per_round(num_draft_tokens: int | float, *, acceptance: float | Sequence[float] | None = None,
+                     tau: float | None = None) -> float:
+    """tau, the expected tokens a round yields per sequence (the accepted drafts plus the target's own token).
+
+    Exactly one of: ``tau`` (measured, or from a profile: returned as is); ``acceptance`` as one number a
+    (each of the L drafts accepted i.i.d. with probability a: tau = (1 - a^(L+1)) / (1 - a), L + 1 at a = 1);
+    or as per-position acceptances a_1..a_L (a_j: the j-th draft is accepted given the ones before it were:
+    tau = 1 + sum_j prod_{i<=j} a_i). Acceptances are clipped to [0, 1]."""
+    if (tau is None) == (acceptance is None):
+        raise ValueError("Pass exactly one of tau= (tokens per round) or acceptance= (per-token acceptance).")
+    if tau is not None:
+        return float(tau)
+    if isinstance(acceptance, (int, float)):
+        a, n = min(max(float(acceptance), 0.0), 1.0), num_draft_tokens
+        return float(n + 1) if a >= 1 else (1 - a ** (n + 1)) / (1 - a)
+    per_position = [min(max(float(a), 0.0), 1.0) for a in acceptance]
+    if len(per_position) != num_draft_tokens:
+        raise ValueError(f"Pass one acceptance per draft position: got {len(per_position)} for L={num_draft_tokens}.")
+    total, run = 1.0, 1.0
+    for a in per_position:
+        run *= a
+        total += run
+    return total
 
 
 def iid_acceptance(tau: float, num_draft_tokens: float) -> float:
-    """The per-token acceptance a whose :func:`expected_accepted_length` equals ``tau`` (bisection)."""
+    """The per-token acceptance a whose i.i.d. :func:`tokens_per_round` equals ``tau`` (bisection)."""
     lo, hi = 0.0, 1.0
     for _ in range(50):
         a = (lo + hi) / 2
-        if (1 - a ** (num_draft_tokens + 1)) / (1 - a) < tau:
+        if tokens_per_round(num_draft_tokens, acceptance=a) < tau:
             lo = a
         else:
             hi = a
     return (lo + hi) / 2
+
+
+def mean_tokens_per_round(accept: torch.Tensor, segments: Sequence[int], num_draft_tokens: int) -> float:
+    """tau averaged over EVERY start position of scored sequences: 1 + mean over t of sum_{j=1..L} prod_{i<j}
+    a_{t+i}, i.e. :func:`tokens_per_round` with the per-position acceptances that follow t (windows stay inside
+    one segment and are cut at its end). ``accept[t]``: acceptance of the draft for position t; ``segments``:
+    positions per sequence, in order. Unlike the i.i.d. form with the MEAN a, this keeps the runs of easy and
+    hard tokens that real text has, which is what makes a longer L pay; unlike :func:`simulate_rounds` it
+    does not chain rounds (a round starts anywhere, not only right after a rejection)."""
+    a = accept.double()
+    total, start = 0.0, 0
+    for n in segments:
+        seg = a[start:start + n]
+        start += n
+        run = torch.ones(n, dtype=torch.float64)
+        for j in range(num_draft_tokens):  # run[t] = prod_{i<=j} a[t+i]; zero once the window leaves seg
+            shifted = torch.zeros(n, dtype=torch.float64)
+            shifted[: n - j] = seg[j:]
+            run = run * shifted
+            total += float(run.sum())
+    return 1.0 + total / max(a.shape[0], 1)
+
+
+@dataclass(frozen=True)
+class RoundYield:
+    """What speculative rounds yield: ``tau`` tokens per round and ``drafts``, the share of rounds that drafted d
+    tokens (all L without a confidence threshold, except near a sequence's end)."""
+
+    tau: float
+    drafts: dict[int, float]
+
+    @property
+    def mean_drafts(self) -> float:
+        return sum(d * p for d, p in self.drafts.items())
+
+
+def simulate_rounds(accept: torch.Tensor, segments: Sequence[int], num_draft_tokens: int, *,
+                    confidence: torch.Tensor | None = None, threshold: float = 0.0) -> RoundYield:
+    """Speculative rounds run along each segment: ``accept[t]`` is the probability that the draft for position
+    t is accepted given that the round reached it (0/1 under greedy). A round starting at s accepts j drafts
+    with probability prod_{i<j} a[s+i] x (1 - a[s+j]) (all L: prod of L), yields j + 1 tokens (the target's own
+    token at s+j included) and the next round starts at s+j+1. Near a segment's end a round drafts only up to
+    its last position but one (generation stops there: the last token is the target's), as transformers does
+    under ``max_new_tokens``. A Markov chain over start positions.
+
+    ``threshold`` > 0 (greedy; transformers' ``assistant_confidence_threshold``): drafting stops after a draft
+    whose drafter probability ``confidence[t]`` is below it. Along the target's path that is exact; after a
+    rejection the drafter goes on along its own path, where its confidence was not observed: it stops there
+    at the rate measured over all positions (this moves the draft count, never the tokens)."""
+    a = accept.double().tolist()
+    stops, go_on = None, 1.0
+    if threshold > 0:
+        if confidence is None:
+            raise ValueError("A confidence threshold needs the drafter's per-position confidence (greedy profiles).")
+        conf = confidence.double()
+        stops = (conf < threshold).tolist()
+        go_on = float((conf >= threshold).double().mean()) if conf.numel() else 1.0
+    tokens = rounds = 0.0
+    drafts: dict[int, float] = {}
+
+    def add(d: int, p: float) -> None:
+        drafts[d] = drafts.get(d, 0.0) + p
+
+    start = 0
+    for n in segments:
+        seg = a[start:start + n]
+        stop = stops[start:start + n] if stops is not None else None
+        start += n
+        reach = [0.0] * (n + 2)  # probability that a round starts at position s
+        reach[0] = 1.0
+        for s in range(n):
+            w = reach[s]
+            if w == 0.0:
+                continue
+            rounds += w
+            max_d = min(num_draft_tokens, n - s - 1)
+            survive = w  # probability that the round made draft j with drafts s .. s+j-1 all accepted
+            for j in range(max_d + 1):
+                if j == max_d:  # every draft accepted
+                    tokens += survive * (j + 1)
+                    add(j, survive)
+                    reach[s + j + 1] += survive
+                    break
+                acc = seg[s + j]
+                if stop is not None and stop[s + j]:  # the drafter stops after this draft: j + 1 drafts
+                    tokens += survive * (acc * (j + 2) + (1 - acc) * (j + 1))
+                    add(j + 1, survive)
+                    reach[s + j + 2] += survive * acc
+                    reach[s + j + 1] += survive * (1 - acc)
+                    break
+                rejected = survive * (1 - acc)
+                tokens += rejected * (j + 1)
+                reach[s + j + 1] += rejected
+                rest = max_d - j - 1  # drafts the drafter may still make past the rejected one
+                for m in range(rest):
+                    add(j + 1 + m, rejected * (go_on ** m) * (1 - go_on))
+                add(max_d, rejected * go_on ** rest)
+                survive *= acc
+    if not rounds:
+        return RoundYield(1.0, {0: 1.0})
+    return RoundYield(tokens / rounds, {d: p / rounds for d, p in sorted(drafts.items()) if p > 0})
+
+
+def ssd_tokens_per_round(tau: float, hit_rate: float, backup: str = "neural") -> float:
+    """tau of an SSD round: the ordinary ``tau`` when a miss drafts just in time (backup "neural"); with backup
+    "none" a miss round drafts nothing and yields the target's one token: h tau + (1 - h)."""
+    if backup not in SSD_BACKUPS:
+        raise ValueError(f"backup must be one of {SSD_BACKUPS}; got {backup!r}.")
+    h = min(max(hit_rate, 0.0), 1.0)
+    return h * tau + (1 - h) if backup == "none" else float(tau)
 
 
 def speculative_speedup(acceptance: float, num_draft_tokens: int | float, cost_ratio: float) -> float:
@@ -230,30 +375,6 @@ class LatencyCurve:
         known = {f.name for f in fields(cls)}
         return cls(**{key: v for key, v in d.items() if key in known})
 
-    def plot(self, path) -> None:
-        """PNG: measured step latency vs k (log x), the interpolation, and the body-only floor."""
-        from matplotlib.figure import (
-            Figure,  # no pyplot: leaves the user's backend alone
-        )
-
-        fig = Figure(figsize=(6, 4))
-        ax = fig.subplots()
-        ax.plot(self.ks, [s * 1e3 for s in self.seconds], "o", label="measured: body + k-row head (median)")
-        lo, hi = max(1.0, min(self.ks) / 2), max(self.ks)
-        grid = torch.logspace(torch.log10(torch.tensor(lo)), torch.log10(torch.tensor(float(hi))), 200).tolist()
-        ax.plot(grid, [self.predict(x) * 1e3 for x in grid], "-", lw=1, color="C0", alpha=0.6,
-                label="predict(k): piecewise-linear")
-        ax.axhline(self.floor_seconds * 1e3, ls="--", color="gray", label="body-only floor (k=0)")
-        ax.set_xscale("log")
-        ax.set_xlabel("kept vocabulary size k (LM-head rows)")
-        ax.set_ylabel("ms per draft step")
-        ax.set_title(f"draft-step latency ({self.device}, {self.dtype}, context {self.context_length})", fontsize=9)
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-
 
 @torch.no_grad()
 def measure_draft_latency(
@@ -318,6 +439,10 @@ def measure_draft_latency(
 
 
 # --- one model of a speculative round: its time, its yield, and what it gains over plain decoding ------------
+SSD_BACKUPS = ("neural", "none")  # what an SSD miss does: draft just in time, or draft nothing that round
+SSD_COMPUTES = ("sync", "dedicated")  # where SSD's tree is built: inline, or on the drafter's own compute
+
+
 @dataclass(frozen=True)
 class RoundModel:
     """Time and yield of one speculative round, the one place the round is modelled.
@@ -342,7 +467,11 @@ class RoundModel:
     Costs may be in any unit (seconds, or multiples of the verify step: :meth:`from_cost_ratio`); speedups
     are unit-free. tau comes from ``tau=`` (measured or from a profile), or ``acceptance=``: one number a
     (each draft accepted i.i.d., tau = (1 - a^(L+1)) / (1 - a)) or per-position acceptances a_1..a_L
-    (a_j: the j-th draft is accepted given the ones before it were; tau = 1 + sum_j prod_{i<=j} a_i).
+    (a_j: the j-th draft is accepted given the ones before it were; tau = 1 + sum_j prod_{i<=j} a_i):
+    :func:`tokens_per_round`.
+
+    SSD rounds (speculative speculative decoding, hf_vocabspec.ssd) are modelled here too:
+    :meth:`ssd_round_seconds` and :meth:`ssd_speedup` (:func:`project_ssd_speedup` from measured numbers).
     """
 
     draft: LatencyCurve | float | Mapping[int, LatencyCurve | float]
@@ -366,7 +495,7 @@ class RoundModel:
                    decode=None if decode_step_s is None else {b: float(decode_step_s)})
 
     # --- the costs -------------------------------------------------------------------------------------------
-    def draft_seconds(self, k: int | None = None, batch_size: int = 1) -> float:
+    def draft_step_seconds(self, k: int | None = None, batch_size: int = 1) -> float:
         """One draft step at kept size k (None: the curve's full head) and batch size."""
         d = self.draft
         if isinstance(d, Mapping):
@@ -380,7 +509,7 @@ class RoundModel:
             return d.predict(k)
         return float(d)
 
-    def verify_seconds(self, positions: int | float, batch_size: int = 1) -> float:
+    def verify_step_seconds(self, positions: int | float, batch_size: int = 1) -> float:
         """The target's forward over ``positions`` new positions (L+1 in a round) at batch size; a count between
         two measured ones is interpolated linearly, one outside them is refused (never extrapolated)."""
         v = self.verify
@@ -405,11 +534,11 @@ class RoundModel:
                              "hf_vocabspec.verify_head.measure_verify_latency(target, rows=...).")
         return keyed[key]
 
-    def decode_seconds(self, batch_size: int = 1) -> float:
+    def decode_step_seconds(self, batch_size: int = 1) -> float:
         """One plain decode step of the target (the target-only baseline)."""
         d = self.decode
         if d is None:
-            return self.verify_seconds(1, batch_size)
+            return self.verify_step_seconds(1, batch_size)
         if isinstance(d, Mapping):
             if batch_size not in d:
                 raise ValueError(f"No decode-step cost measured at batch size {batch_size} (measured: {sorted(d)}).")
@@ -426,38 +555,21 @@ class RoundModel:
         if isinstance(num_draft_tokens, Mapping):
             total = sum(num_draft_tokens.values())
             return sum(p * self.round_seconds(d, k, batch_size) for d, p in num_draft_tokens.items()) / total
-        return (num_draft_tokens * self.draft_seconds(k, batch_size)
-                + self.verify_seconds(num_draft_tokens + 1, batch_size))
+        return (num_draft_tokens * self.draft_step_seconds(k, batch_size)
+                + self.verify_step_seconds(num_draft_tokens + 1, batch_size))
 
     # --- the yield -------------------------------------------------------------------------------------------
-    @staticmethod
-    def tokens_per_round(num_draft_tokens: int | float, *, acceptance: float | Sequence[float] | None = None,
-                         tau: float | None = None) -> float:
-        """tau, per sequence: given, or from one i.i.d. acceptance, or from per-position acceptances."""
-        if (tau is None) == (acceptance is None):
-            raise ValueError("Pass exactly one of tau= (tokens per round) or acceptance= (per-token acceptance).")
-        if tau is not None:
-            return float(tau)
-        if isinstance(acceptance, (int, float)):
-            return expected_accepted_length(acceptance, num_draft_tokens)
-        per_position = [min(max(float(a), 0.0), 1.0) for a in acceptance]
-        if len(per_position) != num_draft_tokens:
-            raise ValueError(f"Pass one acceptance per draft position: got {len(per_position)} for L={num_draft_tokens}.")
-        total, run = 1.0, 1.0
-        for a in per_position:
-            run *= a
-            total += run
-        return total
+    tokens_per_round = staticmethod(tokens_per_round)  # tau: the module's one function, as a method too
 
     def tokens_per_second(self, num_draft_tokens: int | float | Mapping[int, float], *, k: int | None = None, batch_size: int = 1,
                           acceptance: float | Sequence[float] | None = None, tau: float | None = None) -> float:
         """Tokens per second of speculative decoding, summed over the batch."""
-        tau = self.tokens_per_round(num_draft_tokens, acceptance=acceptance, tau=tau)
+        tau = tokens_per_round(num_draft_tokens, acceptance=acceptance, tau=tau)
         return batch_size * tau / self.round_seconds(num_draft_tokens, k, batch_size)
 
     def plain_tokens_per_second(self, batch_size: int = 1) -> float:
         """Tokens per second of target-only decoding, summed over the batch."""
-        return batch_size / self.decode_seconds(batch_size)
+        return batch_size / self.decode_step_seconds(batch_size)
 
     def speedup(self, num_draft_tokens: int | float | Mapping[int, float], *, k: int | None = None, batch_size: int = 1,
                 acceptance: float | Sequence[float] | None = None, tau: float | None = None) -> float:
@@ -470,11 +582,70 @@ class RoundModel:
                         margin: float = 0.0) -> str | None:
         """One line saying why plain decoding is faster than speculating (predicted speedup below
         ``1 + margin``), or None when speculating pays. For a decoding loop that times its rounds."""
-        tau = self.tokens_per_round(num_draft_tokens, acceptance=acceptance, tau=tau)
+        tau = tokens_per_round(num_draft_tokens, acceptance=acceptance, tau=tau)
         s = self.speedup(num_draft_tokens, k=k, batch_size=batch_size, tau=tau)
         if s >= 1 + margin:
             return None
         b = batch_size
         return (f"speculating does not pay at batch size {b}: a round of {num_draft_tokens:g} drafts costs "
                 f"{self.round_seconds(num_draft_tokens, k, b) * 1e3:.3g} ms for {tau:.2f} tokens per sequence, "
-                f"plain decoding {self.decode_seconds(b) * 1e3:.3g} ms per token (predicted speedup {s:.2f}x)")
+                f"plain decoding {self.decode_step_seconds(b) * 1e3:.3g} ms per token (predicted speedup {s:.2f}x)")
+
+    # --- SSD rounds ------------------------------------------------------------------------------------------
+    def ssd_round_seconds(self, num_draft_tokens: int | float, *, hit_rate: float, tree_seconds: float,
+                          backup: str = "neural", compute: str = "dedicated", k: int | None = None,
+                          batch_size: int = 1) -> float:
+        """One SSD round: t_v + (1 - h) t_b + s, with h the hit rate, t_b the cost of a miss (L draft steps for
+        backup "neural", 0 for "none") and s the part of the tree time t_spec on the critical path: all of it
+        when the tree is built inline ("sync"), max(0, t_spec - t_v) when the drafter has its own compute and
+        builds the tree while the target verifies ("dedicated")."""
+        if compute not in SSD_COMPUTES:
+            raise ValueError(f"compute must be one of {SSD_COMPUTES}; got {compute!r}.")
+        if backup not in SSD_BACKUPS:
+            raise ValueError(f"backup must be one of {SSD_BACKUPS}; got {backup!r}.")
+        h = min(max(hit_rate, 0.0), 1.0)
+        verify = self.verify_step_seconds(num_draft_tokens + 1, batch_size)
+        miss = num_draft_tokens * self.draft_step_seconds(k, batch_size) if backup == "neural" else 0.0
+        on_path = tree_seconds if compute == "sync" else max(0.0, tree_seconds - verify)
+        return verify + (1 - h) * miss + on_path
+
+    def ssd_speedup(self, num_draft_tokens: int, *, hit_rate: float, tree_seconds: float, tau: float,
+                    ssd_tau: float | None = None, backup: str = "neural", compute: str = "dedicated",
+                    k: int | None = None, batch_size: int = 1) -> SSDProjection:
+        """SSD's speedup over ordinary speculative decoding with the same drafter and L:
+        (tau_SSD / T_SSD) / (tau / T_SD), T from :meth:`round_seconds` and :meth:`ssd_round_seconds`, tau_SSD
+        from :func:`ssd_tokens_per_round` (``ssd_tau``: the measured SSD tau, e.g. under Saguaro, whose C < 1
+        lowers acceptance; default ``tau``). Upper bound, h = 1 and t_spec <= t_v: 1 + L t_d / t_v."""
+        sd = self.round_seconds(num_draft_tokens, k, batch_size)
+        ssd = self.ssd_round_seconds(num_draft_tokens, hit_rate=hit_rate, tree_seconds=tree_seconds, backup=backup,
+                                     compute=compute, k=k, batch_size=batch_size)
+        ssd_tau = ssd_tokens_per_round(tau if ssd_tau is None else ssd_tau, hit_rate, backup)
+        speedup = (ssd_tau / ssd) / (tau / sd) if ssd > 0 and tau > 0 else float("nan")
+        return SSDProjection(speedup, sd, ssd, compute, {"tau_sd": tau, "tau_ssd": ssd_tau})
+
+
+@dataclass
+class SSDProjection:
+    """SSD vs ordinary speculative decoding (SD) with the same drafter and L, per :meth:`RoundModel.ssd_speedup`:
+    the speedup and both round times (in the costs' unit, seconds for measured ones). PROJECTED unless the run
+    really had the assumed compute."""
+
+    speedup: float
+    sd_round_seconds: float
+    ssd_round_seconds: float
+    compute: str  # "sync" | "dedicated"
+    measured_inputs: dict = field(default_factory=dict)
+
+
+def project_ssd_speedup(*, hit_rate: float, draft_step_s: float, verify_step_s: float, tree_s: float,
+                        num_draft_tokens: int, tau_sd: float, tau_ssd: float | None = None, backup: str = "neural",
+                        compute: str = "dedicated") -> SSDProjection:
+    """Projected SSD speedup over ordinary SD from measured h, t_d, t_v, t_spec (seconds) and tau
+    (:meth:`RoundModel.ssd_speedup` on :meth:`RoundModel.from_measured`)."""
+    model = RoundModel.from_measured(draft_step_s, verify_step_s)
+    proj = model.ssd_speedup(num_draft_tokens, hit_rate=hit_rate, tree_seconds=tree_s, tau=tau_sd, ssd_tau=tau_ssd,
+                             backup=backup, compute=compute)
+    proj.measured_inputs = {"hit_rate": min(max(hit_rate, 0.0), 1.0), "draft_step_s": draft_step_s,
+                            "verify_step_s": verify_step_s, "tree_s": tree_s, "num_draft_tokens": num_draft_tokens,
+                            "tau_sd": tau_sd, "tau_ssd": proj.measured_inputs["tau_ssd"], "backup": backup}
+    return proj

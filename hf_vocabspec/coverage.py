@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from jinja2 import TemplateError
-from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ._io import atomic_write
-from ._io import first_line as _first_line
+from ._io import atomic_write, read_safetensors, tensors_checksum
+
+__all__ = ["CHAT_ROLES", "AssistantTurnFormat", "TokenCounts", "assistant_texts", "assistant_turn_format",
+           "count_assistant_tokens", "count_assistant_tokens_distributed", "normalized_messages"]
 
 # Speaker names of chat formats -> the role they play (messages' "role", ShareGPT's "from"): the one table.
 CHAT_ROLES = {"user": "user", "human": "user", "system": "system", "assistant": "assistant", "gpt": "assistant",
@@ -264,22 +265,17 @@ class TokenCounts:
         if os.path.isdir(path):
             raise ValueError(f"{os.fspath(path)} is a folder, not a counts file: pass the .safetensors file written by "
                              "`hf-vocabspec count --output FILE`.")
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"No such counts file: {os.fspath(path)!r} (make one with `hf-vocabspec count "
-                                    "--output FILE` or fix the path).")
-        try:
-            with safe_open(os.fspath(path), framework="pt") as f:
-                meta, names = f.metadata() or {}, list(f.keys())
-                if meta.get("format") != _FORMAT or "counts" not in names:
-                    shown = ", ".join(sorted(names)[:3]) + (f", ... ({len(names)} tensors)" if len(names) > 3 else "")
-                    looks = " It looks like model weights: pass those as --drafter." if len(names) > 3 else ""
-                    raise ValueError(f"{not_ours}: format tag {str(meta.get('format'))[:40]!r}, tensors "
-                                     f"{shown[:200]}.{looks}")
-                counts = f.get_tensor("counts")
-        except (ValueError, FileNotFoundError):
-            raise
-        except Exception as err:  # not safetensors at all (SafetensorError, truncated file, ...)
-            raise ValueError(f"{not_ours}: {_first_line(err)}") from err
+
+        def ours(meta: dict, names: list[str]) -> None:  # checked before any tensor is read
+            if meta.get("format") != _FORMAT or "counts" not in names:
+                shown = ", ".join(sorted(names)[:3]) + (f", ... ({len(names)} tensors)" if len(names) > 3 else "")
+                looks = " It looks like model weights: pass those as --drafter." if len(names) > 3 else ""
+                raise ValueError(f"{not_ours}: format tag {str(meta.get('format'))[:40]!r}, tensors "
+                                 f"{shown[:200]}.{looks}")
+
+        tensors, meta = read_safetensors(path, "counts file", "pass a file written by `hf-vocabspec count --output "
+                                         "FILE`, or fix the path", check=ours)
+        counts = tensors["counts"]
         name = meta.get("tokenizer_name") or "TOKENIZER"
         recount = (f"recount with `hf-vocabspec count --tokenizer {name[:100]} --dataset DATASET --output "
                    f"{os.fspath(path)}`")
@@ -403,13 +399,9 @@ def count_assistant_tokens(
 
 
 def _counts_checksum(counts: torch.Tensor, meta: dict) -> str:
-    """SHA-256 over the count vector and the metadata fields (everything a reader uses)."""
-    import hashlib
-    import json
-
-    h = hashlib.sha256(counts.to(torch.int64).contiguous().numpy().tobytes())
-    h.update(json.dumps({k: v for k, v in sorted(meta.items()) if k != "counts_sha256"}).encode())
-    return h.hexdigest()
+    """SHA-256 over the count vector and the metadata fields (everything a reader uses): _io's checksum, in the
+    layout counts files have always had (the bytes alone, no name/dtype/shape header)."""
+    return tensors_checksum({"counts": counts.to(torch.int64)}, meta, skip="counts_sha256", described=False)
 
 
 def _fingerprint(tokenizer) -> str:

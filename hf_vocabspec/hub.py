@@ -17,6 +17,8 @@ import logging
 import os
 import re
 import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,13 @@ from ._io import atomic_write
 from .drafter import MODEL_TYPE, TrimmedDrafter, VocabularyMapError, target_rows, tokenizer_sha256, vocab_fit_error
 
 logger = logging.getLogger(__name__)
+
+__all__ = [
+    "CARD_TAGS", "DEFAULT_COMMIT_MESSAGE", "ORIGIN_PROVIDERS", "TEMPLATE", "WEIGHT_FILES", "DrafterFileMissingError",
+    "DrafterLoadError", "DrafterMismatchError", "DrafterNotFoundError", "EvalResultRow", "NotATrimmedDrafterError",
+    "build_model_card", "inherited_license", "load_drafter", "model_origin", "push_drafter_to_hub", "register_origin",
+    "write_custom_generate",
+]
 
 TEMPLATE = Path(__file__).resolve().parent / "templates" / "drafter_card.md"  # package data (wheel installs)
 CARD_TAGS = ["hf_vocabspec", "speculative-decoding", "draft-model", "trimmed-vocabulary"]
@@ -188,47 +197,6 @@ def _pareto_rows(points: list[dict] | None, chosen_k: int | None, limit: int = 1
     return rows
 
 
-def _is_trimmed_row(name: str, row: dict) -> bool:
-    """A bench row of a trimmed drafter: its ``kind`` field (reports before 2026-11-24 only had the name)."""
-    return row.get("kind") == "trimmed" if "kind" in row else name.startswith("trimmed k=")
-
-
-def eval_results_from_benchmark(report: dict | str | os.PathLike, kept_vocab: int | None = None,
-                                context_tokens: bool = False) -> list[dict]:
-    """Eval-result rows (for :func:`push_drafter_to_hub`) from an ``hf-vocabspec bench`` ``results.json``.
-
-    Takes the ``trimmed k=<kept_vocab>`` method (the only trimmed one when ``kept_vocab`` is None) of every
-    workload x mode run: acceptance rate, mean accepted length, median speedups vs target-only and vs HF
-    assisted with the untrimmed drafter, and held-out coverage.
-    """
-    if not isinstance(report, dict):
-        report = json.loads(Path(report).read_text())
-    rows = []
-    for run in report.get("runs", []):
-        methods = run.get("methods", {})
-        # "+context" rows are the same drafter with context tokens on: take the rows matching how it ships
-        trimmed = {n: m for n, m in methods.items()
-                   if _is_trimmed_row(n, m) and bool(m.get("context_tokens")) == context_tokens}
-        if kept_vocab is not None:
-            trimmed = {n: m for n, m in trimmed.items() if m.get("kept_vocab") == kept_vocab}
-        elif len(trimmed) > 1:
-            raise ValueError(f"The benchmark has several trimmed sizes ({', '.join(trimmed)}): pass kept_vocab=.")
-        for m in trimmed.values():
-            where = f"{run['workload']} ({'held-out, ' if run.get('in_domain') else ''}{run['mode']})"
-            picks = [("acceptance_rate", "acceptance rate", m.get("acceptance_rate")),
-                     ("mean_accepted_length", "mean accepted length (tokens per target step)", m.get("mean_accepted_length")),
-                     ("speedup_vs_target", "tokens/s vs target only (median)", (m.get("speedup_vs_target") or {}).get("median")),
-                     ("speedup_vs_hf_assisted", "tokens/s vs HF assisted, untrimmed drafter (median)",
-                      (m.get("speedup_vs_hf_assisted") or {}).get("median")),
-                     ("coverage", "held-out assistant-token coverage", m.get("eval_coverage"))]
-            rows += [{"metric_type": t, "metric_name": n, "metric_value": round(float(v), 4), "dataset_name": where}
-                     for t, n, v in picks if v is not None]
-    if not rows:
-        raise ValueError(f"The benchmark report has no run of a trimmed drafter with {kept_vocab} kept tokens: "
-                         "benchmark this size (`hf-vocabspec bench --ks K`) or push without it.")
-    return rows
-
-
 def _dataset_type(dataset_name: str) -> str:
     """The Hub id a workload name starts with (offline names map to their source), else a slug of it."""
     head = dataset_name.split(" ")[0]
@@ -240,40 +208,71 @@ def _dataset_type(dataset_name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", dataset_name).strip("-") or "custom"
 
 
-def _eval_results(rows: list[dict] | None):
-    """Measured numbers -> huggingface_hub EvalResults for the card's model-index.
+@dataclass(frozen=True)
+class EvalResultRow:
+    """One measured number for a drafter's card (its YAML model-index and its table).
 
-    Each row: ``metric_type`` (e.g. "acceptance_rate", "speedup_vs_hf_assisted"), ``metric_value``,
-    ``dataset_name`` (e.g. "offline:sharegpt (held-out)"); optional ``metric_name``, ``dataset_type``,
-    ``task_type`` (default "text-generation"), ``source_name`` / ``source_url``.
+    ``metric_type`` (e.g. "acceptance_rate", "speedup_vs_hf_assisted"), ``metric_value``, ``dataset_name`` (e.g.
+    "offline:sharegpt (held-out)"); optional ``metric_name`` (default: the type), ``dataset_type`` (default: the
+    Hub id the dataset name starts with), ``task_type``, ``source_name`` / ``source_url``. The card code takes
+    these (or plain dicts with those keys, as ``config.eval_results`` stores them); reading a tool's report into
+    them is the tool's job (e.g. hf_vocabspec.evaluation.benchmark.eval_results_from_benchmark).
     """
+
+    metric_type: str
+    metric_value: float
+    dataset_name: str
+    metric_name: str | None = None
+    dataset_type: str | None = None
+    task_type: str = "text-generation"
+    source_name: str | None = None
+    source_url: str | None = None
+
+    @classmethod
+    def from_dict(cls, row: Mapping) -> EvalResultRow:
+        """From a dict with the field names (unknown keys are ignored); the three required ones must be there."""
+        if isinstance(row, EvalResultRow):
+            return row
+        missing = {"metric_type", "metric_value", "dataset_name"} - set(row)
+        if missing:
+            raise ValueError(f"eval_results rows need {sorted(missing)} (got {sorted(row)}).")
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in row.items() if k in known})
+
+    def to_dict(self) -> dict:
+        """The set fields, as ``config.eval_results`` stores rows."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+def _eval_results(rows: Sequence[EvalResultRow | Mapping] | None):
+    """Measured numbers (:class:`EvalResultRow` or dicts of its fields) -> huggingface_hub EvalResults for the
+    card's model-index."""
     from huggingface_hub import EvalResult
 
     out = []
     for row in rows or []:
-        missing = {"metric_type", "metric_value", "dataset_name"} - set(row)
-        if missing:
-            raise ValueError(f"eval_results rows need {sorted(missing)} (got {sorted(row)}).")
+        r = EvalResultRow.from_dict(row)
         out.append(EvalResult(
-            task_type=row.get("task_type", "text-generation"),
-            dataset_type=row.get("dataset_type", _dataset_type(str(row["dataset_name"]))),
-            dataset_name=str(row["dataset_name"]),
-            metric_type=row["metric_type"],
-            metric_value=row["metric_value"],
-            metric_name=row.get("metric_name", row["metric_type"]),
-            source_name=row.get("source_name") if row.get("source_url") else None,
-            source_url=row.get("source_url"),
+            task_type=r.task_type,
+            dataset_type=r.dataset_type or _dataset_type(str(r.dataset_name)),
+            dataset_name=str(r.dataset_name),
+            metric_type=r.metric_type,
+            metric_value=r.metric_value,
+            metric_name=r.metric_name or r.metric_type,
+            source_name=r.source_name if r.source_url else None,
+            source_url=r.source_url,
         ))
     return out
 
 
 def build_model_card(drafter: TrimmedDrafter, repo_id: str = "<repo-id>", *, license: str | None = None,
-                     tokenizer_fingerprint: str | None = None, eval_results: list[dict] | None = None,
+                     tokenizer_fingerprint: str | None = None,
+                     eval_results: Sequence[EvalResultRow | Mapping] | None = None,
                      pareto: list[dict] | None = None, custom_generate: bool = True, files: tuple[str, ...] = ()):
     """A ``huggingface_hub.ModelCard`` rendered from ``hf_vocabspec/templates/drafter_card.md`` and the drafter's config.
 
-    ``eval_results`` (measured numbers, see :func:`_eval_results`; default: ``config.eval_results`` when the
-    drafter carries them) go to the YAML model-index and a table. ``pareto`` (``[{k, coverage,
+    ``eval_results`` (measured numbers, :class:`EvalResultRow` or dicts of its fields; default:
+    ``config.eval_results`` when the drafter carries them) go to the YAML model-index and a table. ``pareto`` (``[{k, coverage,
     relative_cost}]``; default ``config.selection["pareto"]``) becomes the selection's Pareto table. The licence
     is ``license`` or the one inherited from the base drafter and target (:func:`inherited_license`).
     Offline: ``base_model`` / ``datasets`` are Hub ids taken as given (offline names map to the Hub ids they
@@ -379,17 +378,17 @@ def push_drafter_to_hub(
     license: str | None = None,
     revision: str | None = None,
     custom_generate: bool = True,
-    eval_results: list[dict] | None = None,
-    benchmark: dict | str | os.PathLike | None = None,
+    eval_results: Sequence[EvalResultRow | Mapping] | None = None,
     pareto: list[dict] | None = None,
     extra_files: dict[str, str | os.PathLike] | None = None,
 ) -> str:
     """Push the drafter (safetensors with the map inside, config, generation config), the tokenizer when
     given, a generated model card (README.md) and, with ``custom_generate``, a ``custom_generate/`` recipe
     (``target.generate(custom_generate=repo_id, trust_remote_code=True)``) in ONE commit; return the repo URL.
-    ``eval_results``: measured numbers for the card's model-index (see :func:`build_model_card`; default: the
-    drafter's ``config.eval_results``); ``benchmark``: an ``hf-vocabspec bench`` report (dict or results.json
-    path) whose rows for this drafter's kept size are added (:func:`eval_results_from_benchmark`).
+    ``eval_results``: measured numbers for the card's model-index (:class:`EvalResultRow`, see
+    :func:`build_model_card`; default: the drafter's ``config.eval_results``). A benchmark report's rows are read
+    by the tooling (``hf_vocabspec.evaluation.benchmark.eval_results_from_benchmark``) and passed here: the
+    ``benchmark=`` argument (a results.json path or dict) was removed in issue #29.
     ``pareto``: the selection's Pareto front for the card; ``extra_files``: ``{path_in_repo: local_path}``
     shipped in the same commit (e.g. ``selection/pareto.png``, which the card then shows).
 
@@ -399,10 +398,6 @@ def push_drafter_to_hub(
     from huggingface_hub import HfApi
 
     drafter.validate_vocab_map()
-    if benchmark is not None:
-        base_rows = eval_results if eval_results is not None else getattr(drafter.config, "eval_results", None)
-        eval_results = list(base_rows or []) + eval_results_from_benchmark(
-            benchmark, drafter.config.draft_vocab_size, context_tokens=bool(drafter.config.context_tokens))
     for path_in_repo, local in (extra_files or {}).items():
         if not Path(local).is_file():
             raise FileNotFoundError(f"extra_files[{path_in_repo!r}]: no such file {str(local)!r}.")

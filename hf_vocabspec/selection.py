@@ -39,12 +39,27 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
-from .cost import LatencyCurve, RoundModel, draft_flops, speculative_speedup
+from .cost import (
+    LatencyCurve,
+    RoundModel,
+    RoundYield,
+    draft_flops,
+    mean_tokens_per_round,
+    simulate_rounds,
+    speculative_speedup,
+)
 from .coverage import TokenCounts
 from .drafter import check_confidence_threshold
+
+__all__ = [
+    "DEFAULT_CONFIDENCE_THRESHOLDS", "OBJECTIVES", "AcceptanceProfile", "RoundYield", "SelectionResult",
+    "SelectionTrial", "ThroughputModel", "TuneResult", "TuneTrial", "quiet_optuna", "relative_cost_fn",
+    "select_vocabulary", "simulate_rounds", "tune",
+]
 
 # confidence thresholds the tuner searches (0: no early stop; 0.4 is transformers' default for assistants)
 DEFAULT_CONFIDENCE_THRESHOLDS = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6)
@@ -92,9 +107,20 @@ def _pareto(points) -> list[tuple[int, float, float]]:
     return front
 
 
+class SelectionTrial(NamedTuple):
+    """One trial of :func:`select_vocabulary`'s study (its value recomputed under the current cost)."""
+
+    number: int
+    k: int
+    coverage: float
+    relative_cost: float  # draft-step cost at k / at the full head
+    value: float  # the objective at k
+
+
 @dataclass
 class SelectionResult:
-    """The chosen k and the evidence: trials (number, k, coverage, relative cost, value) and a dense sweep."""
+    """The chosen k and the evidence: the study's trials (:class:`SelectionTrial`) and a dense sweep.
+    (Plots of it: hf_vocabspec.evaluation.plots.plot_pareto.)"""
 
     k: int
     coverage: float
@@ -106,7 +132,7 @@ class SelectionResult:
     token_ids: torch.Tensor = field(repr=False)  # counts.top_k(k): ids by descending count
     predicted_speedup: float = float("nan")  # end-to-end vs target-only, walltime formula at k
     predicted_speedup_full_head: float = float("nan")  # the same with the untrimmed drafter
-    trials: list[tuple[int, int, float, float, float]] = field(default_factory=list, repr=False)
+    trials: list[SelectionTrial] = field(default_factory=list, repr=False)
     sweep: list[tuple[int, float, float]] = field(default_factory=list, repr=False)  # k, C, cost
     settings: dict = field(default_factory=dict, repr=False)
     study_name: str = ""
@@ -119,7 +145,7 @@ class SelectionResult:
     @property
     def pareto(self) -> list[tuple[int, float, float]]:
         """Non-dominated (k, coverage, relative cost) points over the TPE trials AND the dense top-k sweep."""
-        return _pareto([(t[1], t[2], t[3]) for t in self.trials] + list(self.sweep))
+        return _pareto([(t.k, t.coverage, t.relative_cost) for t in self.trials] + list(self.sweep))
 
     def to_dict(self) -> dict:
         return {
@@ -129,36 +155,9 @@ class SelectionResult:
             "cost_source": self.cost_source, "min_coverage": self.min_coverage, "study_name": self.study_name,
             "settings": self.settings,
             "pareto": [{"k": k, "coverage": c, "relative_cost": r} for k, c, r in self.pareto],
-            "trials": [{"number": n, "k": k, "coverage": c, "relative_cost": r, "value": v} for n, k, c, r, v in self.trials],
+            "trials": [t._asdict() for t in self.trials],
             "token_ids": [int(i) for i in self.token_ids.tolist()],
         }
-
-    def plot_pareto(self, path) -> None:
-        """PNG: coverage vs relative draft cost; sweep, trials, Pareto front, chosen k, infeasible band shaded."""
-        from matplotlib.figure import (
-            Figure,  # no pyplot: leaves the user's backend alone
-        )
-
-        fig = Figure(figsize=(6.5, 4.2))
-        ax = fig.subplots()
-        sw = sorted(self.sweep)
-        ax.plot([p[2] for p in sw], [p[1] for p in sw], "-", color="gray", lw=1, label="top-k sweep")
-        ax.scatter([t[3] for t in self.trials], [t[2] for t in self.trials], s=12, alpha=0.6, label="TPE trials")
-        front = self.pareto
-        ax.plot([p[2] for p in front], [p[1] for p in front], "-", color="C2", lw=1.5, label="Pareto frontier")
-        lo = max(min([p[1] for p in sw] + [self.min_coverage]) - 0.02, 0.0)
-        ax.axhspan(lo, self.min_coverage, color="red", alpha=0.08,
-                   label=f"infeasible (coverage < {self.min_coverage:g})")
-        ax.scatter([self.relative_draft_cost], [self.coverage], marker="*", s=180, color="C3", zorder=5,
-                   label=f"chosen k={self.k:,} (C={self.coverage:.2%})")
-        ax.set_ylim(lo, 1.0 + 0.005)
-        ax.set_xlabel(f"draft-step cost relative to the full head ({self.cost_source})", fontsize=8)
-        ax.set_ylabel("coverage of assistant tokens")
-        ax.set_title(f"objective={self.objective}: {self.value:.3f}", fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="lower right")
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
 
 
 def _storage(storage):
@@ -189,6 +188,38 @@ def _reading_storage(storage):
 
 class _OurStudyError(ValueError):
     """A study refused by our own checks (other settings, params outside the search): passed through as is."""
+
+
+def _run_study(name: str, storage, sampler, settings: dict, settings_key: str, objective, n_trials: int, *,
+               anchors: Sequence[dict] = ()) -> list:
+    """The one Optuna study set-up of :func:`select_vocabulary` and :func:`tune`: create the study ``name`` in
+    ``storage`` (None: in memory) or resume it, refuse one stored with other ``settings`` (kept in its user
+    attribute ``settings_key``), enqueue ``anchors`` in a fresh study, and run ``objective`` (maximized) until
+    ``n_trials`` trials are COMPLETE. Returns the COMPLETE trials by number; a damaged storage fails in one line."""
+    import optuna
+
+    complete = (optuna.trial.TrialState.COMPLETE,)
+    with quiet_optuna(), _reading_storage(storage):
+        study = optuna.create_study(direction="maximize", study_name=name, storage=_storage(storage),
+                                    load_if_exists=True, sampler=sampler)
+        stored = study.user_attrs.get(settings_key)
+        study.get_trials(deepcopy=False)
+        plain = json.loads(json.dumps(settings))
+        if stored is None:
+            study.set_user_attr(settings_key, settings)
+        elif stored != plain:
+            diff = sorted(k for k in set(stored) | set(plain) if stored.get(k) != plain.get(k))
+            raise _OurStudyError(f"Study {name!r} in this storage was run with other settings or measurements "
+                                 f"({', '.join(diff)}): pass another study_name (or leave it unset to derive one "
+                                 "from the settings).")
+        if anchors and not study.get_trials(deepcopy=False):
+            for params in anchors:
+                study.enqueue_trial(params)
+        done = len(study.get_trials(deepcopy=False, states=complete))
+        if done < n_trials:
+            study.optimize(objective, n_trials=n_trials - done,
+                           callbacks=[optuna.study.MaxTrialsCallback(n_trials, states=complete)])
+    return sorted(study.get_trials(deepcopy=False, states=complete), key=lambda t: t.number)
 
 
 def _check_stored_params(storage, finished, valid) -> None:
@@ -288,37 +319,17 @@ def select_vocabulary(
         trial.set_user_attr("relative_cost", r)
         return v
 
-    with quiet_optuna(), _reading_storage(storage):
-        study = optuna.create_study(
-            direction="maximize", study_name=name, storage=_storage(storage), load_if_exists=True,
-            sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, n_trials)),
-        )
-        stored = study.user_attrs.get("hf_vocabspec_settings")
-        study.get_trials(deepcopy=False)
-        if stored is None:
-            study.set_user_attr("hf_vocabspec_settings", settings)
-        elif stored != json.loads(json.dumps(settings)):
-            diff = sorted(k for k in set(stored) | set(settings) if stored.get(k) != json.loads(json.dumps(settings)).get(k))
-            raise _OurStudyError(f"Study {name!r} in this storage was run with other settings ({', '.join(diff)}): "
-                             "pass another study_name (or leave it unset to derive one from the settings).")
-
-        complete = (optuna.trial.TrialState.COMPLETE,)
-        if not study.get_trials(deepcopy=False):
-            # Anchor a fresh study at both ends of the feasible range (the smallest feasible k, and k_max,
-            # i.e. "barely trim"), so the choice is never worse than either; TPE then searches between.
-            for anchor in sorted({max(lo, counts.smallest_k_for_coverage(min_coverage)), hi})[:n_trials]:
-                study.enqueue_trial({"k": anchor})
-        done = len(study.get_trials(deepcopy=False, states=complete))
-        if done < n_trials:
-            study.optimize(objective_fn, n_trials=n_trials - done,
-                           callbacks=[optuna.study.MaxTrialsCallback(n_trials, states=complete)])
-    finished = sorted(study.get_trials(deepcopy=False, states=complete), key=lambda t: t.number)
+    # Anchor a fresh study at both ends of the feasible range (the smallest feasible k, and k_max, i.e. "barely
+    # trim"), so the choice is never worse than either; TPE then searches between.
+    anchors = [{"k": a} for a in sorted({max(lo, counts.smallest_k_for_coverage(min_coverage)), hi})[:n_trials]]
+    finished = _run_study(name, storage, optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, n_trials)),
+                          settings, "hf_vocabspec_settings", objective_fn, n_trials, anchors=anchors)
     # Values recomputed under the current cost (identical to the recorded ones unless the cost was re-measured).
     _check_stored_params(storage, finished, lambda p: isinstance(p.get("k"), int) and lo <= p["k"] <= hi)
-    trials = [(t.number, int(t.params["k"]), *value_of(int(t.params["k"]))) for t in finished]
-    feasible = [t for t in trials if t[2] >= min_coverage]
+    trials = [SelectionTrial(t.number, int(t.params["k"]), *value_of(int(t.params["k"]))) for t in finished]
+    feasible = [t for t in trials if t.coverage >= min_coverage]
     if feasible:
-        k = max(feasible, key=lambda t: (t[4], -t[1]))[1]
+        k = max(feasible, key=lambda t: (t.value, -t.k)).k
     else:  # TPE never sampled a feasible k (tiny n_trials): the smallest feasible k
         k = max(lo, counts.smallest_k_for_coverage(min_coverage))
     c, r, v = value_of(k)
@@ -335,91 +346,6 @@ def select_vocabulary(
 
 
 # --- joint tuning of kept size k, draft length L and context tokens (issue #15) ------------------------------
-@dataclass(frozen=True)
-class SimulatedRounds:
-    """What speculative rounds along scored segments yield: ``tau`` tokens per round and ``drafts``, the share of
-    rounds that drafted d tokens (all L without a confidence threshold, except near a segment's end)."""
-
-    tau: float
-    drafts: dict[int, float]
-
-    @property
-    def mean_drafts(self) -> float:
-        return sum(d * p for d, p in self.drafts.items())
-
-
-def simulate_rounds(accept: torch.Tensor, segments: Sequence[int], num_draft_tokens: int, *,
-                    confidence: torch.Tensor | None = None, threshold: float = 0.0) -> SimulatedRounds:
-    """Speculative rounds run along each segment: ``accept[t]`` is the probability that the draft for position
-    t is accepted given that the round reached it (0/1 under greedy). A round starting at s accepts j drafts
-    with probability prod_{i<j} a[s+i] x (1 - a[s+j]) (all L: prod of L), yields j + 1 tokens (the target's own
-    token at s+j included) and the next round starts at s+j+1. Near a segment's end a round drafts only up to
-    its last position but one (generation stops there: the last token is the target's), as transformers does
-    under ``max_new_tokens``. A Markov chain over start positions.
-
-    ``threshold`` > 0 (greedy; transformers' ``assistant_confidence_threshold``): drafting stops after a draft
-    whose drafter probability ``confidence[t]`` is below it. Along the target's path that is exact; after a
-    rejection the drafter goes on along its own path, where its confidence was not observed: it stops there
-    at the rate measured over all positions (this moves the draft count, never the tokens)."""
-    a = accept.double().tolist()
-    stops, go_on = None, 1.0
-    if threshold > 0:
-        if confidence is None:
-            raise ValueError("A confidence threshold needs the drafter's per-position confidence (greedy profiles).")
-        conf = confidence.double()
-        stops = (conf < threshold).tolist()
-        go_on = float((conf >= threshold).double().mean()) if conf.numel() else 1.0
-    tokens = rounds = 0.0
-    drafts: dict[int, float] = {}
-
-    def add(d: int, p: float) -> None:
-        drafts[d] = drafts.get(d, 0.0) + p
-
-    start = 0
-    for n in segments:
-        seg = a[start:start + n]
-        stop = stops[start:start + n] if stops is not None else None
-        start += n
-        reach = [0.0] * (n + 2)  # probability that a round starts at position s
-        reach[0] = 1.0
-        for s in range(n):
-            w = reach[s]
-            if w == 0.0:
-                continue
-            rounds += w
-            max_d = min(num_draft_tokens, n - s - 1)
-            survive = w  # probability that the round made draft j with drafts s .. s+j-1 all accepted
-            for j in range(max_d + 1):
-                if j == max_d:  # every draft accepted
-                    tokens += survive * (j + 1)
-                    add(j, survive)
-                    reach[s + j + 1] += survive
-                    break
-                acc = seg[s + j]
-                if stop is not None and stop[s + j]:  # the drafter stops after this draft: j + 1 drafts
-                    tokens += survive * (acc * (j + 2) + (1 - acc) * (j + 1))
-                    add(j + 1, survive)
-                    reach[s + j + 2] += survive * acc
-                    reach[s + j + 1] += survive * (1 - acc)
-                    break
-                rejected = survive * (1 - acc)
-                tokens += rejected * (j + 1)
-                reach[s + j + 1] += rejected
-                rest = max_d - j - 1  # drafts the drafter may still make past the rejected one
-                for m in range(rest):
-                    add(j + 1 + m, rejected * (go_on ** m) * (1 - go_on))
-                add(max_d, rejected * go_on ** rest)
-                survive *= acc
-    if not rounds:
-        return SimulatedRounds(1.0, {0: 1.0})
-    return SimulatedRounds(tokens / rounds, {d: p / rounds for d, p in sorted(drafts.items()) if p > 0})
-
-
-def simulated_accepted_length(accept: torch.Tensor, segments: Sequence[int], num_draft_tokens: int) -> float:
-    """tau of :func:`simulate_rounds` (no confidence threshold)."""
-    return simulate_rounds(accept, segments, num_draft_tokens).tau
-
-
 @dataclass
 class AcceptanceProfile:
     """Per-position expected acceptance of the ideal trimmed drafter at kept sizes ``ks`` (one workload, one mode).
@@ -437,10 +363,11 @@ class AcceptanceProfile:
     segments: list[int]
     mode: str = "greedy"
     agreement: float = 1.0
-    # True: tau is a simulation of speculative ROUNDS along each segment (a round starts where the previous one
-    # stopped, i.e. right after a rejection), what generation does; for per-position acceptances of the REAL
-    # trimmed drafter (evaluation.tune.drafter_acceptance_profile). False: the mean over every start position.
-    simulate_rounds: bool = False
+    # True: tau from speculative ROUNDS chained along each segment (a round starts where the previous one
+    # stopped, i.e. right after a rejection; cost.simulate_rounds), what generation does; for per-position
+    # acceptances of the REAL trimmed drafter (evaluation.tune.drafter_acceptance_profile). False: the mean over
+    # every start position (cost.mean_tokens_per_round).
+    chained_rounds: bool = False
     # greedy, real drafter: its probability of its own draft at each position (the quantity transformers'
     # assistant_confidence_threshold compares), same shape as vanilla / context; None: thresholds not searchable
     vanilla_confidence: torch.Tensor | None = None
@@ -462,10 +389,10 @@ class AcceptanceProfile:
     @property
     def has_confidence(self) -> bool:
         """Whether confidence thresholds can be simulated (greedy round profiles of the real drafter)."""
-        return self.simulate_rounds and self.vanilla_confidence is not None
+        return self.chained_rounds and self.vanilla_confidence is not None
 
-    def rounds(self, k: int, num_draft_tokens: int, context_tokens: bool = False,
-               confidence_threshold: float = 0.0) -> SimulatedRounds:
+    def round_yield(self, k: int, num_draft_tokens: int, context_tokens: bool = False,
+                    confidence_threshold: float = 0.0) -> RoundYield:
         """tau and the draft-count distribution of rounds at (k, L, context tokens, confidence threshold)."""
         key = (k, num_draft_tokens, context_tokens, float(confidence_threshold))
         if key not in self._rounds:
@@ -473,15 +400,15 @@ class AcceptanceProfile:
             if confidence_threshold > 0 and not self.has_confidence:
                 raise ValueError("This profile has no drafter confidence: measure it with "
                                  "hf_vocabspec.evaluation.tune.drafter_acceptance_profile(mode='greedy').")
-            if not self.simulate_rounds:
-                tau = self.expected_accepted_length(k, num_draft_tokens, context_tokens)
-                self._rounds[key] = SimulatedRounds(tau, {num_draft_tokens: 1.0})
+            accept = (self.context if context_tokens else self.vanilla)[:, col].double() * self.agreement
+            if not self.chained_rounds:
+                tau = mean_tokens_per_round(accept, self.segments, num_draft_tokens)
+                self._rounds[key] = RoundYield(tau, {num_draft_tokens: 1.0})
             else:
                 conf = self.context_confidence if context_tokens else self.vanilla_confidence
-                self._rounds[key] = simulate_rounds(
-                    (self.context if context_tokens else self.vanilla)[:, col].double() * self.agreement,
-                    self.segments, num_draft_tokens, threshold=float(confidence_threshold),
-                    confidence=None if conf is None else conf[:, col])
+                self._rounds[key] = simulate_rounds(accept, self.segments, num_draft_tokens,
+                                                    threshold=float(confidence_threshold),
+                                                    confidence=None if conf is None else conf[:, col])
         return self._rounds[key]
 
     def _column(self, k: int, context_tokens: bool) -> int:
@@ -491,33 +418,19 @@ class AcceptanceProfile:
             raise ValueError("Context tokens were not scored for this profile (measure it with context_tokens=True).")
         return self.ks.index(k)
 
-    def expected_accepted_length(self, k: int, num_draft_tokens: int, context_tokens: bool = False,
-                                 confidence_threshold: float = 0.0) -> float:
-
-        """tau: 1 + mean over start positions t of sum_{j=1..L} prod_{i<j} a_{t+i} (windows stay inside one
-        conversation and are cut at its end). Unlike (1 - a^(L+1)) / (1 - a) with the MEAN a, this keeps
-        the runs of easy and hard tokens that real text has, which is what makes a longer L pay."""
-        col = self._column(k, context_tokens)
-        if self.simulate_rounds:
-            return self.rounds(k, num_draft_tokens, context_tokens, confidence_threshold).tau
-        if confidence_threshold > 0:
-            raise ValueError("Confidence thresholds are simulated on round profiles of the real drafter only.")
-        a = (self.context if context_tokens else self.vanilla)[:, col].double() * self.agreement
-        total, start = 0.0, 0
-        for n in self.segments:
-            seg = a[start:start + n]
-            start += n
-            run = torch.ones(n, dtype=torch.float64)
-            for j in range(num_draft_tokens):  # run[t] = prod_{i<=j} a[t+i]; zero once the window leaves seg
-                shifted = torch.zeros(n, dtype=torch.float64)
-                shifted[: n - j] = seg[j:]
-                run = run * shifted
-                total += float(run.sum())
-        return 1.0 + total / max(self.vanilla.shape[0], 1)
+    def tau(self, k: int, num_draft_tokens: int, context_tokens: bool = False,
+            confidence_threshold: float = 0.0) -> float:
+        """tau at (k, L, context tokens, confidence threshold): :func:`~hf_vocabspec.cost.simulate_rounds` along
+        each segment for a ``chained_rounds`` profile, else :func:`~hf_vocabspec.cost.mean_tokens_per_round`
+        (every start position; unlike the i.i.d. form with the MEAN a, this keeps the runs of easy and hard
+        tokens that real text has, which is what makes a longer L pay)."""
+        return self.round_yield(k, num_draft_tokens, context_tokens, confidence_threshold).tau
 
     def to_dict(self) -> dict:
+        """A summary for reports (tune.json's ``measured.acceptance``; its ``chained_rounds`` key was written as
+        ``simulate_rounds`` before issue #29, same meaning)."""
         return {"ks": self.ks, "mode": self.mode, "agreement": self.agreement, "segments": self.segments,
-                "simulate_rounds": self.simulate_rounds,
+                "chained_rounds": self.chained_rounds,
                 "mean_vanilla": self.vanilla.mean(0).tolist(),
                 "mean_context": None if self.context is None else self.context.mean(0).tolist(),
                 "mean_vanilla_confidence": None if self.vanilla_confidence is None
@@ -532,24 +445,24 @@ class ThroughputModel:
     tokens/s = tau / E[d * draft_step(k) + verify(d+1)] over the rounds' draft counts d
     (:class:`~hf_vocabspec.cost.RoundModel`; d = L without a confidence threshold, except at a sequence's end)
     with tau and the draft counts from :class:`AcceptanceProfile`, the draft step from a measured
-    :class:`~hf_vocabspec.cost.LatencyCurve` and ``verify_seconds[n]`` the target's measured forward over n new
-    positions (``verify_seconds[1]`` is its decode step, the target-only baseline; counts between measured ones
-    are interpolated). Confidence thresholds (transformers' ``assistant_confidence_threshold``: stop drafting
-    after an unsure draft) are searched where the profile has the drafter's confidence (greedy); 0 is none.
+    :class:`~hf_vocabspec.cost.LatencyCurve` and ``forward_seconds[n]`` the target's measured forward over n new
+    positions (a verify step at n = L+1; ``forward_seconds[1]`` is its decode step, the target-only baseline;
+    counts between measured ones are interpolated; named ``verify_seconds`` before issue #29). Confidence
+    thresholds (transformers' ``assistant_confidence_threshold``: stop drafting after an unsure draft) are searched where the profile has the drafter's confidence (greedy); 0 is none.
     Call it with an Optuna trial to use it as an objective in your own study.
     """
 
     acceptance: AcceptanceProfile
     draft_latency: LatencyCurve
-    verify_seconds: dict[int, float]
+    forward_seconds: dict[int, float]
     draft_lengths: list[int] = field(default_factory=lambda: [2, 3, 4, 5, 6, 8, 10, 12])
     confidence_thresholds: list[float] = field(default_factory=lambda: list(DEFAULT_CONFIDENCE_THRESHOLDS))
 
     def __post_init__(self):
-        self.verify_seconds = {int(n): float(s) for n, s in self.verify_seconds.items()}
-        missing = [n + 1 for n in self.draft_lengths if n + 1 not in self.verify_seconds]
-        if 1 not in self.verify_seconds or missing:
-            raise ValueError(f"verify_seconds needs the decode step (1) and every L+1 searched; missing {[1] * (1 not in self.verify_seconds) + missing}. "
+        self.forward_seconds = {int(n): float(s) for n, s in self.forward_seconds.items()}
+        missing = [n + 1 for n in self.draft_lengths if n + 1 not in self.forward_seconds]
+        if 1 not in self.forward_seconds or missing:
+            raise ValueError(f"forward_seconds needs the decode step (1) and every L+1 searched; missing {[1] * (1 not in self.forward_seconds) + missing}. "
                              "Measure them: hf_vocabspec.verify_head.measure_verify_latency(target, rows=...).")
         self.confidence_thresholds = sorted({0.0, *map(check_confidence_threshold, self.confidence_thresholds)})
 
@@ -563,27 +476,27 @@ class ThroughputModel:
         return self.confidence_thresholds if self.acceptance.has_confidence else [0.0]
 
     @property
-    def rounds(self) -> RoundModel:
-        """The round's costs: draft step from the latency curve, verify forward by position count."""
-        return RoundModel(draft=self.draft_latency, verify=self.verify_seconds)
+    def round_model(self) -> RoundModel:
+        """The round's costs: draft step from the latency curve, the target's forward by position count."""
+        return RoundModel(draft=self.draft_latency, verify=self.forward_seconds)
 
     def tokens_per_second(self, k: int, num_draft_tokens: int, context_tokens: bool = False,
                           confidence_threshold: float = 0.0) -> float:
-        r = self.acceptance.rounds(k, num_draft_tokens, context_tokens, confidence_threshold)
-        return self.rounds.tokens_per_second(r.drafts, k=k, tau=r.tau)
+        r = self.acceptance.round_yield(k, num_draft_tokens, context_tokens, confidence_threshold)
+        return self.round_model.tokens_per_second(r.drafts, k=k, tau=r.tau)
 
     def speedup(self, k: int, num_draft_tokens: int, context_tokens: bool = False,
                 confidence_threshold: float = 0.0) -> float:
-        """Predicted speedup over target-only decoding (its decode step is ``verify_seconds[1]``)."""
-        r = self.acceptance.rounds(k, num_draft_tokens, context_tokens, confidence_threshold)
-        return self.rounds.speedup(r.drafts, k=k, tau=r.tau)
+        """Predicted speedup over target-only decoding (its decode step is ``forward_seconds[1]``)."""
+        r = self.acceptance.round_yield(k, num_draft_tokens, context_tokens, confidence_threshold)
+        return self.round_model.speedup(r.drafts, k=k, tau=r.tau)
 
     def __call__(self, trial) -> float:
         k = trial.suggest_categorical("k", self.acceptance.ks)
         n = trial.suggest_categorical("num_draft_tokens", self.draft_lengths)
         ctx = trial.suggest_categorical("context_tokens", self.context_options)
         t = trial.suggest_categorical("confidence_threshold", self.threshold_options)
-        trial.set_user_attr("tau", self.acceptance.expected_accepted_length(k, n, ctx, t))
+        trial.set_user_attr("tau", self.acceptance.tau(k, n, ctx, t))
         return self.tokens_per_second(k, n, ctx, t)
 
     def grid(self) -> list[tuple[int, int, bool, float]]:
@@ -591,17 +504,27 @@ class ThroughputModel:
                 for t in self.threshold_options]
 
 
+class TuneTrial(NamedTuple):
+    """One cell :func:`tune` evaluated, with its predicted tokens/s (recomputed from the model)."""
+
+    k: int
+    num_draft_tokens: int
+    context_tokens: bool
+    confidence_threshold: float
+    tokens_per_second: float
+
+
 @dataclass
 class TuneResult:
-    """The chosen (k, L, context tokens, confidence threshold), its predicted tokens/s and speedup, every trial."""
+    """The chosen (k, L, context tokens, confidence threshold), its predicted tokens/s and speedup, every trial
+    (:class:`TuneTrial`). (Plots of it: hf_vocabspec.evaluation.plots.plot_tune_heatmap.)"""
 
     k: int
     num_draft_tokens: int
     context_tokens: bool
     tokens_per_second: float
     speedup: float
-    # k, L, context, confidence threshold, predicted tokens/s
-    trials: list[tuple[int, int, bool, float, float]] = field(repr=False)
+    trials: list[TuneTrial] = field(repr=False)
     settings: dict = field(default_factory=dict, repr=False)
     study_name: str = ""
     confidence_threshold: float = 0.0
@@ -611,53 +534,9 @@ class TuneResult:
                 "confidence_threshold": self.confidence_threshold,
                 "predicted_tokens_per_s": self.tokens_per_second, "predicted_speedup": self.speedup,
                 "study_name": self.study_name, "settings": self.settings,
-                "trials": [{"k": k, "num_draft_tokens": n, "context_tokens": c, "confidence_threshold": t,
-                            "tokens_per_s": v} for k, n, c, t, v in self.trials]}
-
-    def plot_heatmap(self, path, model: ThroughputModel | None = None) -> None:
-        """PNG: predicted tokens/s over (k, L), one panel per context-token setting, the choice starred.
-
-        With ``model`` the full grid is drawn; without, only the trials (unvisited cells blank).
-        """
-        from matplotlib.figure import (
-            Figure,  # no pyplot: leaves the user's backend alone
-        )
-
-        ks = sorted({t[0] for t in self.trials} | (set(model.acceptance.ks) if model else set()))
-        ls = sorted({t[1] for t in self.trials} | (set(model.draft_lengths) if model else set()))
-        ctxs = sorted({t[2] for t in self.trials} | (set(model.context_options) if model else set()))
-        values: dict = {}
-        cells = list(self.trials)
-        if model is not None:
-            cells += [(*cell, model.tokens_per_second(*cell)) for cell in model.grid()]
-        for k, n, c, _t, v in cells:  # the best confidence threshold of each cell
-            values[(k, n, c)] = max(v, values.get((k, n, c), v))
-        vmax = max(values.values())
-        vmin = min(values.values())
-        fig = Figure(figsize=(4.8 * len(ctxs), 4.2), layout="constrained")
-        axes = fig.subplots(1, len(ctxs), squeeze=False)[0]
-        for ax, c in zip(axes, ctxs):
-            grid = torch.full((len(ls), len(ks)), float("nan"))
-            for (k, n, cc), v in values.items():
-                if cc == c:
-                    grid[ls.index(n), ks.index(k)] = v
-            im = ax.imshow(grid.numpy(), origin="lower", aspect="auto", vmin=vmin, vmax=vmax, cmap="viridis")
-            for i in range(len(ls)):
-                for j in range(len(ks)):
-                    if not math.isnan(float(grid[i, j])):
-                        ax.text(j, i, f"{float(grid[i, j]):.3g}", ha="center", va="center", fontsize=6, color="w")
-            if c == self.context_tokens:
-                ax.scatter([ks.index(self.k)], [ls.index(self.num_draft_tokens)], marker="*", s=220,
-                           color="red", label=f"chosen k={self.k:,}, L={self.num_draft_tokens}"
-                           + (f", stop below {self.confidence_threshold:g}" if self.confidence_threshold else ""))
-                ax.legend(fontsize=7, loc="upper right")
-            ax.set_xticks(range(len(ks)), [f"{k:,}" for k in ks], rotation=45, fontsize=7)
-            ax.set_yticks(range(len(ls)), [str(n) for n in ls], fontsize=7)
-            ax.set_xlabel("kept vocabulary size k")
-            ax.set_ylabel("draft length L")
-            ax.set_title(f"predicted tokens/s (best threshold), context tokens {'on' if c else 'off'}", fontsize=9)
-        fig.colorbar(im, ax=list(axes), shrink=0.8)
-        fig.savefig(path, dpi=120)
+                "trials": [{"k": t.k, "num_draft_tokens": t.num_draft_tokens, "context_tokens": t.context_tokens,
+                            "confidence_threshold": t.confidence_threshold, "tokens_per_s": t.tokens_per_second}
+                           for t in self.trials]}
 
 
 def tune(model: ThroughputModel, *, n_trials: int | None = None, seed: int = 42, storage=None,
@@ -687,7 +566,7 @@ def tune(model: ThroughputModel, *, n_trials: int | None = None, seed: int = 42,
         "inputs": hashlib.sha256(json.dumps([model.acceptance.vanilla.sum().item(), model.acceptance.segments,
                                              None if model.acceptance.context is None else model.acceptance.context.sum().item(),
                                              model.draft_latency.seconds, model.draft_latency.floor_seconds,
-                                             sorted(model.verify_seconds.items())]).encode()).hexdigest()[:12],
+                                             sorted(model.forward_seconds.items())]).encode()).hexdigest()[:12],
     }
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
     name = study_name or f"hf_vocabspec-tune-{digest}"
@@ -697,23 +576,9 @@ def tune(model: ThroughputModel, *, n_trials: int | None = None, seed: int = 42,
              "context_tokens": model.context_options, "confidence_threshold": model.threshold_options}, seed=seed)
     else:
         sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, n_trials))
-    complete = (optuna.trial.TrialState.COMPLETE,)
-    with quiet_optuna(), _reading_storage(storage):
-        study = optuna.create_study(direction="maximize", study_name=name, storage=_storage(storage),
-                                    load_if_exists=True, sampler=sampler)
-        stored = study.user_attrs.get("hf_vocabspec_tune_settings")
-        study.get_trials(deepcopy=False)
-        if stored is None:
-            study.set_user_attr("hf_vocabspec_tune_settings", settings)
-        elif stored != json.loads(json.dumps(settings)):
-            raise _OurStudyError(f"Study {name!r} in this storage was run with other settings or measurements: "
-                             "pass another study_name (or leave it unset to derive one from the settings).")
-        done = len(study.get_trials(deepcopy=False, states=complete))
-        if done < n_trials:
-            study.optimize(model, n_trials=n_trials - done,
-                           callbacks=[optuna.study.MaxTrialsCallback(n_trials, states=complete)])
-    finished = sorted(study.get_trials(deepcopy=False, states=complete), key=lambda t: t.number)
+    finished = _run_study(name, storage, sampler, settings, "hf_vocabspec_tune_settings", model, n_trials)
     cells = set(model.grid())
+
     def cell(p: dict) -> tuple:
         return (p.get("k"), p.get("num_draft_tokens"), p.get("context_tokens"), p.get("confidence_threshold", 0.0))
 
@@ -722,7 +587,10 @@ def tune(model: ThroughputModel, *, n_trials: int | None = None, seed: int = 42,
     trials = []
     for t in finished:
         k, n, c, th = cell(t.params)
-        trials.append((int(k), int(n), bool(c), float(th), float(model.tokens_per_second(k, n, c, th))))
+        trials.append(TuneTrial(int(k), int(n), bool(c), float(th), float(model.tokens_per_second(k, n, c, th))))
     # ties: the smaller head, the shorter draft, no context tokens, no threshold (the plainer setting)
-    k, n, c, th, v = max(trials, key=lambda t: (t[4], -t[0], -t[1], not t[2], -t[3]))
-    return TuneResult(k, n, c, v, model.speedup(k, n, c, th), trials, settings, name, confidence_threshold=th)
+    best = max(trials, key=lambda t: (t.tokens_per_second, -t.k, -t.num_draft_tokens, not t.context_tokens,
+                                      -t.confidence_threshold))
+    k, n, c, th = best.k, best.num_draft_tokens, best.context_tokens, best.confidence_threshold
+    return TuneResult(k, n, c, best.tokens_per_second, model.speedup(k, n, c, th), trials, settings, name,
+                      confidence_threshold=th)

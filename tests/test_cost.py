@@ -11,12 +11,15 @@ from hf_vocabspec.cost import (
     LatencyCurve,
     RoundModel,
     draft_flops,
-    expected_accepted_length,
     head_share,
     iid_acceptance,
     measure_draft_latency,
+    project_ssd_speedup,
     speculative_speedup,
+    ssd_tokens_per_round,
+    tokens_per_round,
 )
+from hf_vocabspec.evaluation.plots import plot_latency_curve
 
 
 def test_llama_flops_by_hand():
@@ -84,7 +87,7 @@ def test_measured_latency_curve_shapes_and_interpolation(tmp_path):
     assert curve.predict(20) == pytest.approx(lo + (hi - lo) * 12 / 24)
     assert curve.relative(64) == 1.0
     assert LatencyCurve.from_dict(curve.to_dict()) == curve
-    curve.plot(tmp_path / "lat.png")
+    plot_latency_curve(curve, tmp_path / "lat.png")
     assert (tmp_path / "lat.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.warns(UserWarning, match="exceeds"):
         assert measure_draft_latency(model, [8, 65], context_length=4, repeats=1, warmup=0).ks == [8, 64]
@@ -107,12 +110,13 @@ def test_interpolation_is_monotone_under_noise():
 
 def test_speculative_decoding_formulas():
     """tau = (1 - a^(L+1)) / (1 - a); its inverse; speedup = tau / (L c + 1) (Leviathan et al. 2023)."""
-    assert expected_accepted_length(1.0, 5) == 6.0
-    assert expected_accepted_length(0.5, 1) == pytest.approx(1.5)
-    assert expected_accepted_length(None, 5) is None
+    assert tokens_per_round(5, acceptance=1.0) == 6.0
+    assert tokens_per_round(1, acceptance=0.5) == pytest.approx(1.5)
+    assert tokens_per_round(5, tau=2.5) == 2.5  # a measured tau passes through
     a, drafts = 0.8, 5
     tau = (1 - a ** (drafts + 1)) / (1 - a)
-    assert expected_accepted_length(a, drafts) == pytest.approx(tau)
+    assert tokens_per_round(drafts, acceptance=a) == pytest.approx(tau)
+    assert RoundModel.tokens_per_round is tokens_per_round  # the method is the module's one function
     assert iid_acceptance(tau, drafts) == pytest.approx(a, abs=1e-9)
     assert iid_acceptance(drafts + 1, drafts) == pytest.approx(1.0, abs=1e-6)
     assert speculative_speedup(a, drafts, 0.1) == pytest.approx(tau / 1.5)
@@ -132,7 +136,7 @@ def test_round_model_reproduces_the_three_formulas_it_replaced():
     rounds = RoundModel(draft=curve, verify={1: 0.02, 5: 0.028})
     assert rounds.tokens_per_second(4, k=20, tau=3.0) == pytest.approx(3.0 / (4 * 0.006 + 0.028), rel=1e-12)
     assert rounds.speedup(4, k=20, tau=3.0) == pytest.approx(3.0 / (4 * 0.006 + 0.028) * 0.02, rel=1e-12)
-    assert rounds.draft_seconds() == curve.predict(40)  # no k: the curve's full head
+    assert rounds.draft_step_seconds() == curve.predict(40)  # no k: the curve's full head
 
 
 def test_round_model_per_position_acceptance_matches_simulated_rounds():
@@ -146,7 +150,7 @@ def test_round_model_per_position_acceptance_matches_simulated_rounds():
     simulated = float(accepted.mean()) + 1
     assert RoundModel.tokens_per_round(4, acceptance=per_pos) == pytest.approx(simulated, abs=0.01)
     assert abs(RoundModel.tokens_per_round(4, acceptance=per_pos) - (simulated - 1)) > 0.5  # power: bonus counted
-    assert RoundModel.tokens_per_round(5, acceptance=[0.8] * 5) == pytest.approx(expected_accepted_length(0.8, 5))
+    assert RoundModel.tokens_per_round(5, acceptance=[0.8] * 5) == pytest.approx(tokens_per_round(5, acceptance=0.8))
     with pytest.raises(ValueError, match="one acceptance per draft position"):
         RoundModel.tokens_per_round(3, acceptance=[0.5, 0.5])
     with pytest.raises(ValueError, match="exactly one of tau"):
@@ -178,9 +182,48 @@ def test_round_model_batches_and_decides_whether_speculating_pays():
 
 def test_round_model_interpolates_verify_and_prices_a_draft_count_distribution():
     rounds = RoundModel(draft=0.01, verify={1: 0.10, 3: 0.12, 5: 0.20})
-    assert rounds.verify_seconds(2) == pytest.approx(0.11) and rounds.verify_seconds(4) == pytest.approx(0.16)
+    assert rounds.verify_step_seconds(2) == pytest.approx(0.11) and rounds.verify_step_seconds(4) == pytest.approx(0.16)
     with pytest.raises(ValueError, match="No verify cost measured for 6"):
-        rounds.verify_seconds(6)  # beyond the measured counts: never extrapolated
+        rounds.verify_step_seconds(6)  # beyond the measured counts: never extrapolated
     mixed = rounds.round_seconds({2: 0.5, 4: 0.5})
     assert mixed == pytest.approx(0.5 * (0.02 + 0.12) + 0.5 * (0.04 + 0.20))
     assert rounds.tokens_per_second({2: 0.5, 4: 0.5}, tau=2.5) == pytest.approx(2.5 / mixed)
+
+
+def test_mean_tokens_per_round_is_tokens_per_round_averaged_over_starts():
+    """Every start position's window of per-position acceptances, cut at its segment's end, through the one
+    tau function: the vectorized form must agree with it (and with the i.i.d. form on a flat profile)."""
+    from hf_vocabspec.cost import mean_tokens_per_round
+
+    gen = torch.Generator().manual_seed(1)
+    accept = torch.rand(30, generator=gen, dtype=torch.float64)
+    segments, L = [12, 18], 4
+    by_start, start = [], 0
+    for n in segments:
+        for t in range(n):
+            window = accept[start + t:start + min(t + L, n)].tolist()
+            by_start.append(tokens_per_round(len(window), acceptance=window))
+        start += n
+    assert mean_tokens_per_round(accept, segments, L) == pytest.approx(sum(by_start) / len(by_start), rel=1e-12)
+    flat = torch.full((5000,), 0.7, dtype=torch.float64)
+    assert mean_tokens_per_round(flat, [5000], 5) == pytest.approx(tokens_per_round(5, acceptance=0.7), rel=1e-3)
+
+
+def test_ssd_round_is_modelled_by_the_round_model():
+    """SSD's round time and tau (moved from ssd/projection.py): no hit inline is pure overhead; perfect hits
+    with t_spec <= t_v on dedicated compute give 1 + L t_d / t_v; backup "none" yields one token on a miss."""
+    common = {"draft_step_s": 0.01, "verify_step_s": 0.05, "num_draft_tokens": 5, "tau_sd": 3.0}
+    assert project_ssd_speedup(hit_rate=1.0, tree_s=0.04, compute="dedicated", **common).speedup == pytest.approx(2.0)
+    assert project_ssd_speedup(hit_rate=0.0, tree_s=0.04, compute="dedicated", **common).speedup == pytest.approx(1.0)
+    assert project_ssd_speedup(hit_rate=0.0, tree_s=0.04, compute="sync", **common).speedup < 1.0
+    p = project_ssd_speedup(hit_rate=0.8, tree_s=0.07, compute="dedicated", **common)
+    assert p.ssd_round_seconds == pytest.approx(0.05 + 0.2 * 0.05 + 0.02) and p.sd_round_seconds == pytest.approx(0.1)
+    model = RoundModel.from_measured(0.01, 0.05)
+    assert p.ssd_round_seconds == model.ssd_round_seconds(5, hit_rate=0.8, tree_seconds=0.07)
+    assert p.sd_round_seconds == model.round_seconds(5)
+    assert ssd_tokens_per_round(3.0, 0.5, "none") == pytest.approx(2.0) and ssd_tokens_per_round(3.0, 0.5) == 3.0
+    none = project_ssd_speedup(hit_rate=0.5, tree_s=0.0, compute="dedicated", backup="none", **common)
+    assert none.measured_inputs["tau_ssd"] == pytest.approx(2.0)
+    assert none.ssd_round_seconds == pytest.approx(0.05)  # a miss drafts nothing
+    with pytest.raises(ValueError, match="compute must be one of"):
+        model.ssd_round_seconds(5, hit_rate=1.0, tree_seconds=0.0, compute="gpu")

@@ -160,7 +160,7 @@ def test_save_load_round_trip_and_foreign_files(tmp_path, real_counts):
         TokenCounts.load(foreign)
     garbage = tmp_path / "garbage.safetensors"
     garbage.write_bytes(b"definitely not safetensors")
-    with pytest.raises(ValueError, match="not an hf_vocabspec counts file"):
+    with pytest.raises(ValueError, match="not a readable counts file"):
         TokenCounts.load(garbage)
 
 
@@ -200,3 +200,25 @@ def test_probe_handles_other_templates_and_falls_back_without_one(tok, monkeypat
     with pytest.warns(UserWarning, match="no chat template"):
         texts = list(assistant_texts([SHAREGPT], tok))
     assert texts == ["Blue, mostly." + tok.eos_token, "  Green.\n" + tok.eos_token]
+
+
+def test_counts_files_from_before_the_shared_checksum_still_load(tmp_path):
+    """issue #29: counts files are read and checksummed by _io now; the file format is unchanged, so a file written
+    the old way (the checksum over the vector's bytes, then the metadata JSON) loads, and one that _io's
+    described layout would have checksummed is not what save() writes."""
+    import hashlib
+    import json
+
+    from hf_vocabspec._io import tensors_checksum
+
+    counts = torch.tensor([5, 0, 3, 9], dtype=torch.int64)
+    meta = {"format": "hf_vocabspec.TokenCounts/1", "num_examples": "2", "num_assistant_turns": "3",
+            "tokenizer_name": "tiny", "tokenizer_sha256": "a" * 64}
+    h = hashlib.sha256(counts.numpy().tobytes())
+    h.update(json.dumps(dict(sorted(meta.items()))).encode())
+    save_file({"counts": counts}, tmp_path / "old.safetensors", metadata={**meta, "counts_sha256": h.hexdigest()})
+    loaded = TokenCounts.load(tmp_path / "old.safetensors")
+    assert torch.equal(loaded.counts, counts) and (loaded.num_examples, loaded.num_assistant_turns) == (2, 3)
+    loaded.save(tmp_path / "new.safetensors")  # written again: byte-for-byte the same checksum
+    assert TokenCounts.load(tmp_path / "new.safetensors").counts.tolist() == counts.tolist()
+    assert tensors_checksum({"counts": counts}, meta, skip="counts_sha256") != h.hexdigest()  # power: layouts differ

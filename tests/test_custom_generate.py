@@ -229,7 +229,8 @@ def test_card_metadata_inherited_and_measured(local_hub, tmp_path):  # noqa: F81
     """Licence and Hub ids inherited from offline names; eval results from config and from a bench report."""
     from huggingface_hub import ModelCard
 
-    from hf_vocabspec.hub import eval_results_from_benchmark
+    from hf_vocabspec.evaluation.benchmark import eval_results_from_benchmark
+    from hf_vocabspec.hub import EvalResultRow
 
     _, base = make_pair("llama", seed=5, head_scale=8.0)
     drafter = trim_drafter(base, range(3, 44), target_model="offline:smollm2-135m-instruct",
@@ -238,19 +239,20 @@ def test_card_metadata_inherited_and_measured(local_hub, tmp_path):  # noqa: F81
     drafter.config.eval_results = [{"metric_type": "coverage", "metric_value": 0.9, "dataset_name": "cfg"}]
     drafter.config.context_tokens = False  # (untied heads keep context tokens now) the card takes the plain rows
     rows = eval_results_from_benchmark(BENCH, 44)
-    assert {(r["dataset_name"], r["metric_type"]) for r in rows} >= {
+    assert all(isinstance(r, EvalResultRow) for r in rows)  # typed rows: the card code never reads results.json
+    assert {(r.dataset_name, r.metric_type) for r in rows} >= {
         ("offline:sharegpt (held-out, greedy)", "acceptance_rate"), ("offline:humaneval (t0.7)", "acceptance_rate"),
         ("offline:sharegpt (held-out, greedy)", "speedup_vs_hf_assisted")}
-    assert all(r["metric_value"] not in (0.5, 0.9333) for r in rows)  # not k=20's, nor the +context rows
+    assert all(r.metric_value not in (0.5, 0.9333) for r in rows)  # not k=20's, nor the +context rows
     ctx = eval_results_from_benchmark(BENCH, 44, context_tokens=True)
-    assert [r["metric_value"] for r in ctx] == [0.9333]  # a drafter shipped with context tokens on
+    assert [r.metric_value for r in ctx] == [0.9333]  # a drafter shipped with context tokens on
     with pytest.raises(ValueError, match="several trimmed sizes"):
         eval_results_from_benchmark(BENCH)
     with pytest.raises(ValueError, match="bench --ks"):
         eval_results_from_benchmark(BENCH, 99)
 
     with clients_pointed_at(local_hub, tmp_path / "hf-cache"):
-        push_drafter_to_hub(drafter, "user/inherited", benchmark=BENCH)
+        push_drafter_to_hub(drafter, "user/inherited", eval_results=drafter.config.eval_results + rows)
         card = ModelCard.load("user/inherited")
     assert card.data.license == "other"
     assert "`apache-2.0`" in card.content and "`gemma`" in card.content

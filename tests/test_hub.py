@@ -195,6 +195,29 @@ def test_model_card_without_selection_and_offline_base():
     assert "## Context tokens" not in build_model_card(bare, "me/x").content
 
 
+def test_model_card_takes_typed_eval_results_and_never_reads_a_bench_report():
+    """issue #29: the card code takes EvalResultRow (or dicts of its fields, as config.eval_results stores them);
+    reading the bench's results.json is the tooling's job (evaluation.benchmark.eval_results_from_benchmark)."""
+    import inspect
+
+    import hf_vocabspec.hub as hub
+    from hf_vocabspec.hub import EvalResultRow
+
+    _, base = make_pair("llama", seed=3)
+    drafter = trim_drafter(base, [3, 4, 5])
+    typed = EvalResultRow(metric_type="acceptance_rate", metric_value=0.8, dataset_name="offline:sharegpt (greedy)")
+    card = build_model_card(drafter, "me/x", eval_results=[typed, {"metric_type": "coverage", "metric_value": 0.9,
+                                                                   "dataset_name": "cfg"}])
+    got = {r.metric_type: r for r in card.data.eval_results}
+    assert got["acceptance_rate"].metric_value == 0.8 and got["acceptance_rate"].metric_name == "acceptance_rate"
+    assert got["coverage"].dataset_type == "cfg"
+    assert EvalResultRow.from_dict(typed.to_dict()) == typed and "source_url" not in typed.to_dict()
+    with pytest.raises(ValueError, match=r"need \['metric_value'\]"):
+        EvalResultRow.from_dict({"metric_type": "x", "dataset_name": "y"})
+    assert "benchmark" not in inspect.signature(push_drafter_to_hub).parameters
+    assert not hasattr(hub, "eval_results_from_benchmark")
+
+
 def test_model_card_describes_context_tokens_of_a_tied_drafter():
     _, base = make_pair("gemma3", seed=3)
     drafter = trim_drafter(base, [3, 4, 5])

@@ -164,3 +164,71 @@ def test_drafter_module_imports_only_stdlib_torch_and_transformers():
             raise AssertionError(f"drafter.py has a relative import (line {node.lineno}): it ships alone with checkpoints")
     third_party = {r for r in roots if r not in sys.stdlib_module_names}
     assert third_party <= {"torch", "transformers"}, third_party
+
+
+# --- one home per concept (issue #29): the round model and tau live in cost.py; plotting lives in the tooling ----
+ROUND_MODEL_HOME = "hf_vocabspec.cost"
+# what models a round (its time, its yield tau, the speedup they make): defined in cost.py and nowhere else
+ROUND_MODEL_NAMES = frozenset({
+    "RoundModel", "RoundYield", "SSDProjection", "SimulatedRounds", "tokens_per_round", "mean_tokens_per_round",
+    "simulate_rounds", "simulated_accepted_length", "expected_accepted_length", "iid_acceptance",
+    "speculative_speedup", "round_seconds", "ssd_round_seconds", "ssd_tokens_per_round", "project_speedup",
+    "project_ssd_speedup",
+})
+
+
+def _is_plus_one(node: ast.AST) -> bool:
+    return (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add)
+            and any(isinstance(side, ast.Constant) and side.value == 1 for side in (node.left, node.right)))
+
+
+def round_model_copies(source: str) -> list[str]:
+    """Where a module holds its own piece of the round model: a function, method or class named like one of
+    cost.py's (ROUND_MODEL_NAMES), or the i.i.d. tau's power ``a ** (L + 1)`` (the heart of
+    (1 - a^(L+1)) / (1 - a)) written out."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name in ROUND_MODEL_NAMES:
+            found.append(f"line {node.lineno}: defines {node.name}")
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and _is_plus_one(node.right):
+            found.append(f"line {node.lineno}: a ** (L + 1), the i.i.d. tau formula")
+    return found
+
+
+def test_round_model_and_tau_live_only_in_cost():
+    files = {_module_name(p): p for p in PKG.rglob("*.py")}
+    assert ROUND_MODEL_HOME in files
+    copies = {name: found for name, path in files.items() if name != ROUND_MODEL_HOME
+              and (found := round_model_copies(path.read_text()))}
+    assert copies == {}, f"the round model / tau has one home, {ROUND_MODEL_HOME}; call it instead: {copies}"
+    home = round_model_copies(files[ROUND_MODEL_HOME].read_text())
+    assert any("tokens_per_round" in f for f in home) and any("RoundModel" in f for f in home)
+
+
+def test_round_model_check_has_power():
+    assert round_model_copies("def tau(a, n):\n    return (1 - a ** (n + 1)) / (1 - a)\n") == [
+        "line 2: a ** (L + 1), the i.i.d. tau formula"]
+    assert round_model_copies("class P:\n    def round_seconds(self):\n        return 0\n") == [
+        "line 2: defines round_seconds"]
+    assert round_model_copies("x = 2 ** 62 + a ** 2\n") == []  # other powers are not the formula
+
+
+def matplotlib_imports(source: str) -> list[int]:
+    """Lines that import matplotlib (at any depth, function-level too)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        if any(n == "matplotlib" or n.startswith("matplotlib.") for n in names):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_plotting_only_in_the_tooling():
+    def tooling(m: str) -> bool:
+        return any(m == t or m.startswith(t + ".") for t in TOOLING)
+
+    plotting_core = {name: lines for p in PKG.rglob("*.py")
+                     if not tooling(name := _module_name(p)) and (lines := matplotlib_imports(p.read_text()))}
+    assert plotting_core == {}, f"core modules that plot (move it to hf_vocabspec/evaluation/plots.py): {plotting_core}"
+    assert matplotlib_imports("def f():\n    from matplotlib.figure import Figure\n") == [2]  # power

@@ -9,7 +9,8 @@ import torch
 
 from hf_vocabspec.cost import LatencyCurve, speculative_speedup
 from hf_vocabspec.coverage import TokenCounts
-from hf_vocabspec.selection import select_vocabulary
+from hf_vocabspec.evaluation.plots import plot_pareto
+from hf_vocabspec.selection import SelectionTrial, select_vocabulary
 
 V = 5000
 
@@ -92,14 +93,16 @@ def test_resume_loses_no_trial(tmp_path, zipf):
 def test_pareto_is_non_dominated_and_plot(tmp_path, zipf):
     res = select_vocabulary(zipf, cost=CURVE, min_coverage=0.9, n_trials=30, k_range=(50, V))
     front = res.pareto
-    everything = [(t[1], t[2], t[3]) for t in res.trials] + res.sweep
+    assert all(isinstance(t, SelectionTrial) for t in res.trials)  # a typed record, read by name
+    everything = [(t.k, t.coverage, t.relative_cost) for t in res.trials] + res.sweep
     assert len(res.sweep) > 100 and len(front) > 10
     for k, c, r in front:
         assert not any((c2 >= c and r2 <= r) and (c2 > c or r2 < r) for _, c2, r2 in everything)
     for k, c, r in everything:  # every point off the front is dominated by (or equal to) a front point
         assert any(c2 >= c and r2 <= r for _, c2, r2 in front)
-    res.plot_pareto(tmp_path / "pareto.png")
+    plot_pareto(res, tmp_path / "pareto.png")
     assert (tmp_path / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     d = json.loads(json.dumps(res.to_dict()))
     assert d["k"] == res.k and d["token_ids"] == res.token_ids.tolist() and len(d["trials"]) == 30
+    assert set(d["trials"][0]) == {"number", "k", "coverage", "relative_cost", "value"}  # the JSON keys are unchanged
     assert d["predicted_draft_speedup"] > 1

@@ -9,6 +9,7 @@ verified against the unscaled q must fail the same test.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pytest
@@ -19,7 +20,7 @@ from transformers import GenerationConfig, LogitsProcessorList
 
 import hf_vocabspec
 from hf_vocabspec.drafter import cache_kwarg
-from hf_vocabspec.ssd import SSDCandidateGenerator, SSDConfig, SSDSession, SSDStats, project_speedup
+from hf_vocabspec.ssd import SSDCandidateGenerator, SSDConfig, SSDSession, SSDStats
 from hf_vocabspec.ssd.saguaro import sample_drafts
 
 PVALUE_THRESHOLD = 1e-3
@@ -39,7 +40,7 @@ def one_thread():
 def generator(drafter, do_sample: bool, L: int = 3, F: int = 2, prompt=PROMPT, **cfg) -> SSDCandidateGenerator:
     gc = GenerationConfig(do_sample=do_sample, max_length=200, eos_token_id=EOS, pad_token_id=0, top_k=None)
     return SSDCandidateGenerator(prompt, drafter, gc, {}, logits_processor=LogitsProcessorList(),
-                                 ssd_config=SSDConfig(fan_out=F, num_assistant_tokens=L, fallback=False, **cfg))
+                                 ssd_config=SSDConfig(fan_out=F, num_draft_tokens=L, fallback=False, **cfg))
 
 
 # --- tree decoding ---------------------------------------------------------------------------------------------
@@ -208,7 +209,7 @@ def test_saguaro_drafts_verified_against_the_unscaled_q_fail(pair, monkeypatch):
 # --- config, fallback, projection ------------------------------------------------------------------------------
 @pytest.mark.parametrize("kwargs,match", [
     ({"fan_out": 0}, "fan_out"), ({"saguaro_scale": 0.0}, "saguaro_scale"), ({"saguaro_scale": 1.5}, "saguaro_scale"),
-    ({"backup": "fast"}, "backup"), ({"mode": "thread"}, "mode"), ({"num_assistant_tokens": 0}, "num_assistant_tokens"),
+    ({"backup": "fast"}, "backup"), ({"mode": "thread"}, "mode"), ({"num_draft_tokens": 0}, "num_draft_tokens"),
     ({"draft_threads": 0}, "draft_threads"), ({"worker_timeout_s": 0}, "worker_timeout_s"),
     ({"probe_rounds": 0}, "probe_rounds"),
 ])
@@ -255,14 +256,29 @@ def test_sync_fallback_says_so_and_stays_exact():
     assert ssd.last_stats.trees == 0 and ssd.last_stats.rounds > 0
 
 
-def test_projection_formula():
-    # no hit, inline: pure overhead; perfect hits with t_spec <= t_v on dedicated compute: 1 + L t_d / t_v
-    common = {"draft_step_s": 0.01, "verify_step_s": 0.05, "num_draft_tokens": 5, "tau_sd": 3.0}
-    assert project_speedup(hit_rate=1.0, tree_s=0.04, compute="dedicated", **common).speedup == pytest.approx(2.0)
-    assert project_speedup(hit_rate=0.0, tree_s=0.04, compute="dedicated", **common).speedup == pytest.approx(1.0)
-    assert project_speedup(hit_rate=0.0, tree_s=0.04, compute="sync", **common).speedup < 1.0
-    p = project_speedup(hit_rate=0.8, tree_s=0.07, compute="dedicated", **common)
-    assert p.t_ssd_round == pytest.approx(0.05 + 0.2 * 0.05 + 0.02) and p.t_sd_round == pytest.approx(0.1)
+def test_projection_is_the_cost_modules_round_model():
+    """SSD has no round-time model of its own (issue #29): the names it exports are hf_vocabspec.cost's, and the
+    formula is tested in tests/test_cost.py."""
+    from hf_vocabspec import cost, ssd
+
+    assert ssd.project_ssd_speedup is cost.project_ssd_speedup and ssd.SSDProjection is cost.SSDProjection
+
+
+def test_draft_length_old_name_is_still_accepted():
+    """SSDConfig's draft length is num_draft_tokens (the package's word for L); the old keyword still works, with
+    a DeprecationWarning, and a stored dict with the old key is read."""
+    with pytest.warns(DeprecationWarning, match="num_draft_tokens"):
+        old = SSDConfig(num_assistant_tokens=4)
+    assert old.num_draft_tokens == 4 and old == SSDConfig(num_draft_tokens=4)
+    assert "num_assistant_tokens" not in old.to_dict() and SSDConfig.from_dict(old.to_dict()) == old
+    stored = {**SSDConfig().to_dict(), "num_assistant_tokens": 6}
+    del stored["num_draft_tokens"]
+    assert SSDConfig.from_dict(stored).num_draft_tokens == 6
+    with pytest.raises(ValueError, match="pass num_draft_tokens only"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        SSDConfig(num_draft_tokens=3, num_assistant_tokens=4)
+    replaced = dataclasses.replace(old, num_draft_tokens=7)  # replace() does not resend the old name
+    assert replaced.num_draft_tokens == 7
 
 
 def test_session_is_refused_after_close():
@@ -328,7 +344,7 @@ def test_bench_rows_have_hit_rate_and_measured_and_projected_speedups():
     target, base = make_pair("llama", seed=3, head_scale=8.0)
     drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)) + [3, 5])
     drafter.use_context_tokens = False
-    with SSDSession(drafter, SSDConfig(fan_out=2, fallback=False, num_assistant_tokens=5)) as ssd:
+    with SSDSession(drafter, SSDConfig(fan_out=2, fallback=False, num_draft_tokens=5)) as ssd:
         methods = [Method("target only"), Method("trimmed", drafter), Method("trimmed (1 thread)", drafter, threads=1),
                    Method("ssd", ssd)]
         res = compare_methods(target, methods, [PROMPT], max_new_tokens=24, generate_kwargs={"do_sample": False})
@@ -365,6 +381,6 @@ def test_bench_builds_the_ssd_row_and_its_one_thread_baseline():
     one, ssd = _ssd_methods(BenchConfig(ssd=True, ssd_mode="sync", num_draft_tokens=4), "trimmed k=32", drafter,
                             sessions)
     assert one.threads == 1 and one.kind == "trimmed" and ssd.kind == "ssd" and ssd.assistant is sessions[0]
-    assert ssd.attrs == {"use_context_tokens": False} and sessions[0].ssd_config.num_assistant_tokens == 4
+    assert ssd.attrs == {"use_context_tokens": False} and sessions[0].ssd_config.num_draft_tokens == 4
     assert drafter.use_context_tokens  # restored after the session was opened
     sessions[0].close()

@@ -10,10 +10,11 @@ import torch
 from tiny import VOCAB, make_pair
 
 import hf_vocabspec
-from hf_vocabspec.cost import LatencyCurve, expected_accepted_length
+from hf_vocabspec.cost import LatencyCurve, tokens_per_round
 from hf_vocabspec.coverage import TokenCounts
 from hf_vocabspec.evaluation.acceptance import ideal_acceptance
 from hf_vocabspec.evaluation.data import Conversation
+from hf_vocabspec.evaluation.plots import plot_tune_heatmap
 from hf_vocabspec.evaluation.tune import (
     acceptance_profile,
     measure_throughput_model,
@@ -46,23 +47,23 @@ def brute_tau(profile, k, L, context):
     return 1.0 + total / sum(profile.segments)
 
 
-def test_expected_accepted_length_is_the_per_position_product():
+def test_profile_tau_is_the_per_position_product():
     profile = random_profile()
     for k in profile.ks:
         for L in (1, 3, 8):
             for ctx in (False, True):
-                assert profile.expected_accepted_length(k, L, ctx) == pytest.approx(brute_tau(profile, k, L, ctx), rel=1e-12)
+                assert profile.tau(k, L, ctx) == pytest.approx(brute_tau(profile, k, L, ctx), rel=1e-12)
     # constant acceptance, one long conversation: the i.i.d. formula (windows cut at the end barely matter)
     flat = AcceptanceProfile([5], torch.full((20000, 1), 0.7, dtype=torch.float64), None, [20000])
-    assert flat.expected_accepted_length(5, 5) == pytest.approx(expected_accepted_length(0.7, 5), rel=1e-3)
+    assert flat.tau(5, 5) == pytest.approx(tokens_per_round(5, acceptance=0.7), rel=1e-3)
     # same mean, but runs of easy and hard tokens: longer drafts pay more than the i.i.d. formula says
     runs = torch.tensor(([1.0] * 10 + [0.4] * 10) * 500, dtype=torch.float64)[:, None]
     bursty = AcceptanceProfile([5], runs, None, [runs.shape[0]])
-    assert bursty.expected_accepted_length(5, 8) > expected_accepted_length(0.7, 8) + 0.5
+    assert bursty.tau(5, 8) > tokens_per_round(8, acceptance=0.7) + 0.5
     with pytest.raises(ValueError, match="not scored"):
-        profile.expected_accepted_length(11, 3)
+        profile.tau(11, 3)
     with pytest.raises(ValueError, match="Context tokens were not scored"):
-        random_profile(context=False).expected_accepted_length(10, 3, True)
+        random_profile(context=False).tau(10, 3, True)
 
 
 def toy_model(profile=None) -> ThroughputModel:
@@ -75,7 +76,7 @@ def toy_model(profile=None) -> ThroughputModel:
 def test_throughput_model_formula_and_errors():
     model = toy_model()
     k, L, ctx = 20, 4, True
-    tau = model.acceptance.expected_accepted_length(k, L, ctx)
+    tau = model.acceptance.tau(k, L, ctx)
     assert model.tokens_per_second(k, L, ctx) == pytest.approx(tau / (L * 0.006 + 0.028))
     assert model.speedup(k, L, ctx) == pytest.approx(model.tokens_per_second(k, L, ctx) * 0.020)
     assert len(model.grid()) == 3 * 5 * 2
@@ -90,7 +91,7 @@ def test_grid_search_finds_the_exact_argmax_and_plots(tmp_path):
     assert (result.k, result.num_draft_tokens, result.context_tokens, result.confidence_threshold) == best
     assert len(result.trials) == len(model.grid())
     assert result.speedup == pytest.approx(model.speedup(*best))
-    result.plot_heatmap(tmp_path / "heat.png", model)
+    plot_tune_heatmap(result, tmp_path / "heat.png", model)
     assert (tmp_path / "heat.png").stat().st_size > 1000
 
 
@@ -165,7 +166,7 @@ def test_measured_model_tunes_and_the_choice_ships_with_the_drafter(tmp_path):
                                                  repeats=2, context_length=16)
     assert set(record["verify_ms"]) == {"1", "3", "4"} and len(record["load"]) == 2
     # the measured model is the record's numbers: verify seconds per width, the draft curve at the scored ks
-    assert model.verify_seconds == {int(n): ms / 1e3 for n, ms in record["verify_ms"].items()}
+    assert model.forward_seconds == {int(n): ms / 1e3 for n, ms in record["verify_ms"].items()}
     assert model.draft_latency.ks == [16, 40] == model.acceptance.ks
     result = tune(model)
     best = max(model.grid(), key=lambda cell: (model.tokens_per_second(*cell), -cell[0], -cell[1], not cell[2], -cell[3]))
@@ -226,7 +227,10 @@ def test_validation_measures_the_tuned_setting_next_to_its_neighbours():
 
 # --- the real trimmed drafter's acceptance along the target's greedy continuation, rounds simulated ---------
 def test_simulated_rounds_count_tokens_per_round():
-    from hf_vocabspec.selection import simulated_accepted_length
+    from hf_vocabspec.cost import simulate_rounds
+
+    def simulated_accepted_length(accept, segments, num_draft_tokens):
+        return simulate_rounds(accept, segments, num_draft_tokens).tau
 
     ones = torch.ones(10, dtype=torch.float64)
     # rounds of 4, 4, then 2: the last drafts only position 8 (position 9, the last, is the target's own token)
@@ -251,7 +255,7 @@ def test_drafter_profile_predicts_the_tau_greedy_generation_measures():
     conts = target_continuations(target, tiny_conversations(n=4), n_new)
     assert all(c.ids.numel() - c.answer_start == n_new for c in conts)
     profile = drafter_acceptance_profile(target, base, conts, counts, ks, mode="greedy", always_kept=[0, 1, 2])
-    assert profile.simulate_rounds and profile.agreement == 1.0 and profile.segments == [n_new] * 4
+    assert profile.chained_rounds and profile.agreement == 1.0 and profile.segments == [n_new] * 4
     for k in ks:
         drafter = hf_vocabspec.trim_drafter(base, counts.top_k(k))
         for ctx in (False, True):
@@ -267,14 +271,14 @@ def test_drafter_profile_predicts_the_tau_greedy_generation_measures():
                     accepted += drafter.last_speculation_stats.accepted
                     rounds += drafter.last_speculation_stats.rounds
                 measured = 1 + accepted / rounds
-                assert profile.expected_accepted_length(k, L, ctx) == pytest.approx(measured, rel=0.03), (k, ctx, L)
+                assert profile.tau(k, L, ctx) == pytest.approx(measured, rel=0.03), (k, ctx, L)
     sampled = drafter_acceptance_profile(target, base, conts, counts, ks, mode="t1", context_tokens=False)
     assert sampled.context is None and bool(((sampled.vanilla >= 0) & (sampled.vanilla <= 1)).all())
 
 
 # --- confidence-threshold stops (transformers' assistant_confidence_threshold), simulated from the same forwards --
 def test_simulated_rounds_with_a_confidence_threshold():
-    from hf_vocabspec.selection import simulate_rounds
+    from hf_vocabspec.cost import simulate_rounds
 
     ones = torch.ones(12, dtype=torch.float64)
     sure, unsure = torch.full((12,), 0.9), torch.full((12,), 0.1)
@@ -298,17 +302,17 @@ def test_simulated_rounds_with_a_confidence_threshold():
 
 
 def test_throughput_model_prices_the_draft_count_distribution():
-    from hf_vocabspec.selection import SimulatedRounds
+    from hf_vocabspec.cost import RoundYield
 
     profile = random_profile()
-    profile.simulate_rounds = True
+    profile.chained_rounds = True
     profile.vanilla_confidence = profile.vanilla.clone()
     profile.context_confidence = profile.context.clone()
     model = toy_model(profile)
     assert model.threshold_options == [0.0, 0.2, 0.3, 0.4, 0.5, 0.6]
     assert len(model.grid()) == 3 * 5 * 2 * 6
-    sim = profile.rounds(20, 6, True, 0.4)
-    assert isinstance(sim, SimulatedRounds) and sim.mean_drafts < 6
+    sim = profile.round_yield(20, 6, True, 0.4)
+    assert isinstance(sim, RoundYield) and sim.mean_drafts < 6
     # expected round time over the draft counts; verify at unmeasured counts interpolated between measured ones
     verify = {1: 0.020, 2: 0.021, **{n + 1: 0.020 + 0.002 * n for n in (2, 3, 4, 6, 8)}}
     seconds = sum(p * (d * 0.006 + verify.get(d + 1, 0.020 + 0.002 * d)) for d, p in sim.drafts.items())
@@ -316,9 +320,9 @@ def test_throughput_model_prices_the_draft_count_distribution():
     no_conf = toy_model(random_profile())
     assert no_conf.threshold_options == [0.0]
     with pytest.raises(ValueError, match="no drafter confidence"):
-        no_conf.acceptance.rounds(20, 3, True, 0.4)
+        no_conf.acceptance.round_yield(20, 3, True, 0.4)
     with pytest.raises(ValueError, match="in \\[0, 1\\)"):
-        ThroughputModel(profile, model.draft_latency, model.verify_seconds, draft_lengths=[2],
+        ThroughputModel(profile, model.draft_latency, model.forward_seconds, draft_lengths=[2],
                         confidence_thresholds=[1.5])
 
 
@@ -350,12 +354,12 @@ def test_drafter_profile_predicts_confidence_stopped_rounds():
                 assert torch.equal(out[0], c.ids)
                 st = drafter.last_speculation_stats
                 accepted, rounds, proposed = accepted + st.accepted, rounds + st.rounds, proposed + st.proposed
-            sim = profile.rounds(k, L, ctx, t)
+            sim = profile.round_yield(k, L, ctx, t)
             assert sim.tau == pytest.approx(1 + accepted / rounds, rel=0.03), (ctx, L, t)
             assert sim.mean_drafts == pytest.approx(proposed / rounds, rel=0.15), (ctx, L, t)
             assert 1 < proposed / rounds < L - 1  # the threshold stopped some rounds early, not all
             # power: a model that ignored the threshold would be far off
-            assert profile.rounds(k, L, ctx).mean_drafts > 1.5 * proposed / rounds
+            assert profile.round_yield(k, L, ctx).mean_drafts > 1.5 * proposed / rounds
     with pytest.raises(ValueError, match="confidence_threshold must be in"):
         set_draft_length(drafter.generation_config, 3, 1.0)
 
@@ -405,14 +409,14 @@ def test_sampled_profile_predicts_the_tau_sampling_measures():
     from hf_vocabspec.drafter import set_draft_length
     from hf_vocabspec.evaluation.tune import drafter_acceptance_profile, target_continuations
     from hf_vocabspec.generation.stats import SpeculationStats
-    from hf_vocabspec.selection import simulate_rounds
+    from hf_vocabspec.cost import simulate_rounds
 
     target, base = make_pair("llama", seed=3, head_scale=20.0, noise=0.6)
     counts, n_new, k, L = tiny_counts(), 24, VOCAB, 3
     convs = tiny_conversations(n=40, seed=5)
     conts = target_continuations(target, convs, n_new, mode="t1", seed=1)
     profile = drafter_acceptance_profile(target, base, conts, counts, [k], mode="t1", context_tokens=False)
-    predicted = profile.expected_accepted_length(k, L)
+    predicted = profile.tau(k, L)
     drafter = hf_vocabspec.trim_drafter(base, counts.top_k(k))
     set_draft_length(drafter.generation_config, L)
     stats = SpeculationStats()

@@ -101,6 +101,7 @@ def _select(args, counts, model, out_dir: Path):
     """Run the vocabulary search; write selection.json, pareto.png (and latency.png when measured).
 
     Files are written only after the search succeeded (a refused run leaves no half-filled folder)."""
+    from ..evaluation.plots import plot_latency_curve, plot_pareto
     from ..selection import select_vocabulary
 
     vocab = counts.vocab_size
@@ -117,8 +118,8 @@ def _select(args, counts, model, out_dir: Path):
     )
     out_dir.mkdir(parents=True, exist_ok=True)  # inside a temp folder swapped in whole (atomic_directory)
     if curve is not None:
-        curve.plot(out_dir / "latency.png")
-    result.plot_pareto(out_dir / "pareto.png")
+        plot_latency_curve(curve, out_dir / "latency.png")
+    plot_pareto(result, out_dir / "pareto.png")
     info = result.to_dict() | {"counts_tokenizer": counts.tokenizer_name, "counts_tokenizer_sha256": counts.tokenizer_sha256,
                                "cost_used": cost_note, "latency_curve": curve.to_dict() if curve else None}
     (out_dir / "selection.json").write_text(json.dumps(info, indent=2))
@@ -264,22 +265,28 @@ def cmd_trim(args) -> int:
           f"trimmed ({speedup:.2f}x; body-only floor {measured.floor_seconds * 1e3:.1f} ms)")
     print(f"saved to {out}")
     if args.push_to_hub:
-        from ..hub import push_drafter_to_hub
+        from ..hub import EvalResultRow, push_drafter_to_hub
 
         workload = f"{args.dataset} (held-out assistant turns)" if held_counts is not None else (
             f"{args.counts} (counts file)" if args.counts else f"{args.dataset} (counted assistant turns)")
         measured_rows = [
-            {"metric_type": "coverage", "metric_name": "assistant-token coverage of the kept vocabulary",
-             "metric_value": round(coverage, 6), "dataset_name": workload},
-            {"metric_type": "draft_step_speedup", "metric_name": f"draft-step speedup vs full head ({args.dtype}, measured)",
-             "metric_value": round(speedup, 4), "dataset_name": workload},
+            EvalResultRow(metric_type="coverage", metric_name="assistant-token coverage of the kept vocabulary",
+                          metric_value=round(coverage, 6), dataset_name=workload),
+            EvalResultRow(metric_type="draft_step_speedup",
+                          metric_name=f"draft-step speedup vs full head ({args.dtype}, measured)",
+                          metric_value=round(speedup, 4), dataset_name=workload),
         ]
+        if args.bench_results:  # the bench's results.json is read here, in the tooling; the card takes rows
+            from ..evaluation.benchmark import eval_results_from_benchmark
+
+            measured_rows += eval_results_from_benchmark(args.bench_results, drafter.config.draft_vocab_size,
+                                                         context_tokens=bool(drafter.config.context_tokens))
         sel_dir = out / "selection"
         extra = {f"selection/{name}": sel_dir / name for name in ("selection.json", "pareto.png", "latency.png")
                  if result is not None and (sel_dir / name).is_file()}
         url = push_drafter_to_hub(
             drafter, args.push_to_hub, tokenizer=tokenizer, eval_results=measured_rows, license=args.license,
-            private=args.private, custom_generate=not args.no_custom_generate, benchmark=args.bench_results,
+            private=args.private, custom_generate=not args.no_custom_generate,
             pareto=None if result is None else result.to_dict()["pareto"] + [
                 {"k": result.k, "coverage": result.coverage, "relative_cost": result.relative_draft_cost, "chosen": True}],
             extra_files=extra,

@@ -6,7 +6,8 @@ own distribution restricted to what the drafter can propose, D_t (the kept ids; 
 the pruned ids already present in the conversation up to position t). For that drafter
 q = p restricted to D_t and renormalised, so the expected acceptance sum_j min(p_j, q_j) is exactly
 p(D_t) under sampling, and 1[argmax p in D_t] under greedy. The gap to 1 is what pruning costs; the gain
-from context tokens is what they recover. Predicted tau with L draft tokens: (1 - a^(L+1)) / (1 - a).
+from context tokens is what they recover. Predicted tau with L draft tokens: (1 - a^(L+1)) / (1 - a)
+(hf_vocabspec.cost.tokens_per_round).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from .._io import atomic_write
-from ..cost import expected_accepted_length
+from ..cost import tokens_per_round
 from .data import Conversation, count_split, held_out_conversations
 
 
@@ -99,7 +100,7 @@ def run_acceptance_report(target_name: str, out_dir, *, dataset: str = "offline:
     convs = held_out_conversations(held_out, tokenizer, n=conversations)
     scores = ideal_acceptance(target, convs, kept, temperatures=temperatures, progress=progress)
     rows = [{"pruned": float(level), "kept": int(kept[level].numel()), **{
-        mode: {"acceptance": a, "predicted_tau": expected_accepted_length(a, num_draft_tokens)} for mode, a in s.items()}}
+        mode: {"acceptance": a, "predicted_tau": tokens_per_round(num_draft_tokens, acceptance=a)} for mode, a in s.items()}}
         for level, s in scores.items()]
     report = {"target": target_name, "dataset": dataset, "count_examples": n_count, "date": time.strftime("%Y-%m-%d"),
               "conversations": len(convs), "positions": sum(c.ids.numel() - c.answer_start + 1 for c in convs),

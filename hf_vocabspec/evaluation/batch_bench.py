@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from .._io import atomic_write
+from ..generation import SpeculationStats
 
 
 @dataclass
@@ -179,8 +180,7 @@ def run_batch_bench(cfg: BatchBenchConfig, out_dir, progress=None) -> dict:
                 entry["vs_target"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
                 if name == "trimmed speculative":
                     st = rs[-1].stats
-                    per = st.get("row_rounds") or st.get("rounds") or 0
-                    entry["tau"] = 1 + st["accepted"] / per if per else None
+                    entry["tau"] = SpeculationStats.from_dict(st).mean_accepted_length or None  # 0: no round
                     total = sum(r.seconds for r in rs)
                     entry["realign_share"] = sum(r.stats.get("realign_seconds", 0.0) for r in rs) / total
                     entry["decision"] = st.get("decision") or ("HF loop (batch 1)" if b == 1 else "")

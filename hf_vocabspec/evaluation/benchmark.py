@@ -10,21 +10,24 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import os
 import platform
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 from transformers import GenerationConfig
 from transformers.generation.candidate_generator import AssistedCandidateGenerator
 
 from .._io import atomic_write
-from ..cost import RoundModel, iid_acceptance
+from ..cost import RoundModel, iid_acceptance, project_ssd_speedup
 from ..drafter import TrimmedDrafter, set_draft_length
 from ..generation import SpeculationStats
+from ..hub import EvalResultRow
 from ..kernels import fast_linears
 from .data import eval_prompts, first_exchange, load_workload  # noqa: F401 (re-exported)
 
@@ -227,9 +230,9 @@ def speculation_vs_target(r: MethodResult, base: MethodResult) -> dict:
     if None in (verify, draft, decode, tau) or not r.rounds:
         return out
     drafts = r.proposed / r.rounds
-    rounds = RoundModel.from_measured(draft, verify, decode)
+    round_model = RoundModel.from_measured(draft, verify, decode)
     out.update(draft_verify_cost_ratio=draft / verify, acceptance_iid=iid_acceptance(tau, drafts),
-               expected_speedup_theory=rounds.speedup(drafts, tau=tau))
+               expected_speedup_theory=round_model.speedup(drafts, tau=tau))
     return out
 
 
@@ -603,7 +606,7 @@ def _ssd_methods(cfg: BenchConfig, name: str, drafter: TrimmedDrafter, sessions:
 
     with applied_attrs(drafter, {"use_context_tokens": False}):  # the worker copies the switches at start
         session = SSDSession(drafter, SSDConfig(fan_out=cfg.ssd_fan_out, saguaro_scale=cfg.ssd_saguaro_scale,
-                                                mode=cfg.ssd_mode, num_assistant_tokens=cfg.num_draft_tokens))
+                                                mode=cfg.ssd_mode, num_draft_tokens=cfg.num_draft_tokens))
     sessions.append(session)
     off = {"use_context_tokens": False}
     return [Method(f"{name} (1 thread)", drafter, attrs=off, threads=1),
@@ -613,10 +616,8 @@ def _ssd_methods(cfg: BenchConfig, name: str, drafter: TrimmedDrafter, sessions:
 
 def ssd_rows(res: dict[str, MethodResult], rows: dict[str, dict], methods: Sequence[Method], num_draft_tokens: int):
     """Add to each SSD row: measured speedup over the best ordinary row with the same drafter, and the speedup
-    PROJECTED for a drafter with dedicated compute (hf_vocabspec.ssd.project_speedup) from the measured hit
+    PROJECTED for a drafter with dedicated compute (hf_vocabspec.cost.project_ssd_speedup) from the measured hit
     rate and tree time (SSD row) and the measured draft step, verify step and tau of the ordinary 1-thread row."""
-    from ..ssd import project_speedup
-
     by_drafter: dict[int, list[Method]] = {}
     for m in methods:
         if m.kind in ("trimmed", "ssd") and not m.attrs.get("use_context_tokens", False):
@@ -634,7 +635,7 @@ def ssd_rows(res: dict[str, MethodResult], rows: dict[str, dict], methods: Seque
             if None in (base.draft_step_ms, base.target_step_ms, base.mean_accepted_length) or not st.trees:
                 row["ssd"]["projected_speedup_vs_sd"] = None
                 continue
-            proj = project_speedup(hit_rate=st.hit_rate, draft_step_s=base.draft_step_ms / 1e3,
+            proj = project_ssd_speedup(hit_rate=st.hit_rate, draft_step_s=base.draft_step_ms / 1e3,
                                    verify_step_s=base.target_step_ms / 1e3, tree_s=st.tree_s,
                                    num_draft_tokens=num_draft_tokens, tau_sd=base.mean_accepted_length,
                                    tau_ssd=res[m.name].mean_accepted_length, compute="dedicated")
@@ -739,3 +740,47 @@ def plot_report(report: dict, out_dir) -> None:
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(f"{out_dir}/throughput_vs_vocab.png", dpi=120)
+
+
+# --- a report's rows for a drafter's model card (the core's card code takes typed rows; this reads the format) ---
+def _is_trimmed_row(name: str, row: dict) -> bool:
+    """A bench row of a trimmed drafter: its ``kind`` field (reports before 2026-11-24 only had the name)."""
+    return row.get("kind") == "trimmed" if "kind" in row else name.startswith("trimmed k=")
+
+
+def eval_results_from_benchmark(report: dict | str | os.PathLike, kept_vocab: int | None = None,
+                                context_tokens: bool = False) -> list[EvalResultRow]:
+    """Eval-result rows (:class:`~hf_vocabspec.hub.EvalResultRow`, for ``push_drafter_to_hub(eval_results=)``)
+    from an ``hf-vocabspec bench`` ``results.json`` (a path or the loaded dict).
+
+    Takes the ``trimmed k=<kept_vocab>`` method (the only trimmed one when ``kept_vocab`` is None) of every
+    workload x mode run: acceptance rate, mean accepted length, median speedups vs target-only and vs HF
+    assisted with the untrimmed drafter, and held-out coverage. (Moved here from hf_vocabspec.hub in issue #29:
+    the report is this module's format.)
+    """
+    if not isinstance(report, dict):
+        report = json.loads(Path(report).read_text())
+    rows: list[EvalResultRow] = []
+    for run in report.get("runs", []):
+        methods = run.get("methods", {})
+        # "+context" rows are the same drafter with context tokens on: take the rows matching how it ships
+        trimmed = {n: m for n, m in methods.items()
+                   if _is_trimmed_row(n, m) and bool(m.get("context_tokens")) == context_tokens}
+        if kept_vocab is not None:
+            trimmed = {n: m for n, m in trimmed.items() if m.get("kept_vocab") == kept_vocab}
+        elif len(trimmed) > 1:
+            raise ValueError(f"The benchmark has several trimmed sizes ({', '.join(trimmed)}): pass kept_vocab=.")
+        for m in trimmed.values():
+            where = f"{run['workload']} ({'held-out, ' if run.get('in_domain') else ''}{run['mode']})"
+            picks = [("acceptance_rate", "acceptance rate", m.get("acceptance_rate")),
+                     ("mean_accepted_length", "mean accepted length (tokens per target step)", m.get("mean_accepted_length")),
+                     ("speedup_vs_target", "tokens/s vs target only (median)", (m.get("speedup_vs_target") or {}).get("median")),
+                     ("speedup_vs_hf_assisted", "tokens/s vs HF assisted, untrimmed drafter (median)",
+                      (m.get("speedup_vs_hf_assisted") or {}).get("median")),
+                     ("coverage", "held-out assistant-token coverage", m.get("eval_coverage"))]
+            rows += [EvalResultRow(metric_type=t, metric_name=n, metric_value=round(float(v), 4), dataset_name=where)
+                     for t, n, v in picks if v is not None]
+    if not rows:
+        raise ValueError(f"The benchmark report has no run of a trimmed drafter with {kept_vocab} kept tokens: "
+                         "benchmark this size (`hf-vocabspec bench --ks K`) or push without it.")
+    return rows

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from .._io import atomic_write
-from ..cost import expected_accepted_length
+from ..cost import tokens_per_round
 from ..drafter import set_draft_length
 from .benchmark import Method, MethodResult, compare_methods
 from ._format import cell as _f
@@ -176,10 +176,12 @@ def format_rdk_report(report: dict) -> str:
                   "tau vs untrimmed | tokens/s vs untrimmed | pruned tokens proposed |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for row in run["rows"]:
+            expected = row["expected_acceptance"]
+            predicted_tau = None if expected is None else tokens_per_round(draft_tokens, acceptance=expected)
             lines.append(
                 f"| {row['level']:.0%} | {row['kept']:,} | {row['coverage_eval']:.1%} | {row['method']} | "
                 f"{_f(row['expected_acceptance'], '.1%')} | "
-                f"{_f(expected_accepted_length(row['expected_acceptance'], draft_tokens), '.2f')} | "
+                f"{_f(predicted_tau, '.2f')} | "
                 f"{_f(row['acceptance'], '.1%')} | {_f(row['tau'], '.2f')} | "
                 f"{_f(row['tau_vs_untrimmed'], '.3f')} | {_f(row['tokens_per_s_vs_untrimmed'], '.2f')} | "
                 f"{row['pruned_proposed']} |")

@@ -31,6 +31,7 @@ from ..coverage import TokenCounts
 from ..selection import DEFAULT_CONFIDENCE_THRESHOLDS, AcceptanceProfile, ThroughputModel, TuneResult, tune
 from ._format import cell as _f
 from ._format import plus_minus as _pm
+from .plots import plot_tune_heatmap
 from .data import Conversation
 
 DEFAULT_COVERAGES = (0.9, 0.95, 0.97, 0.98, 0.99, 0.995)
@@ -171,7 +172,7 @@ def drafter_acceptance_profile(
     path. Those are the per-position acceptances used: their mean over x ~ p is the familiar sum_j min(p_j, q_j),
     but unlike it they keep that a rejection happens where the drafter underrates the token the path takes, so
     rounds that start after one start in the contexts where they do in generation (the expected-value form was
-    optimistic at T=1). The profile simulates rounds (``simulate_rounds``), so tau for every L, each k and context on
+    optimistic at T=1). The profile chains rounds (``chained_rounds``), so tau for every L, each k and context on
     or off all come from the same two forwards, with no scalar agreement factor.
     """
     temp = _temperature(mode)
@@ -221,7 +222,7 @@ def drafter_acceptance_profile(
                 conf_c.append(torch.stack(conf_k[True], 1))
         segments.append(n)
     return AcceptanceProfile(ks, torch.cat(cols_v), torch.cat(cols_c) if context_tokens else None, segments,
-                             mode=mode, agreement=1.0, simulate_rounds=True,
+                             mode=mode, agreement=1.0, chained_rounds=True,
                              vanilla_confidence=torch.cat(conf_v) if conf_v else None,
                              context_confidence=torch.cat(conf_c) if conf_c else None)
 
@@ -321,8 +322,8 @@ def measure_throughput_model(
         used = f"other processes used {others.cores:.1f}" if others.cores is not None else f"load {load_before:.1f}"
         warnings.warn(f"The machine was busy while timing ({used} of {os.cpu_count()} cores): latencies are "
                       "noisy; re-run tune on a quiet machine.", stacklevel=2)
-    verify_seconds = {n: verify.median_ms(n) / 1e3 for n in (1, *widths)}
-    model = ThroughputModel(profile, curve, verify_seconds, draft_lengths=sorted({int(n) for n in draft_lengths}),
+    forward_seconds = {n: verify.median_ms(n) / 1e3 for n in (1, *widths)}
+    model = ThroughputModel(profile, curve, forward_seconds, draft_lengths=sorted({int(n) for n in draft_lengths}),
                             confidence_thresholds=list(confidence_thresholds))
     record = {"acceptance": profile.to_dict(), "acceptance_model": acceptance, "draft_latency": curve.to_dict(),
               "verify_ms": {str(n): verify.median_ms(n) for n in (1, *widths)},
@@ -421,8 +422,8 @@ def run_tune(
               "vocab_size": vocab, "coverage": {str(k): counts.coverage(k) for k in model.acceptance.ks},
               "result": result.to_dict(), "measured": record,
               "grid": [{"k": k, "num_draft_tokens": n, "context_tokens": c, "confidence_threshold": t,
-                        "tau": model.acceptance.expected_accepted_length(k, n, c, t),
-                        "mean_drafts": model.acceptance.rounds(k, n, c, t).mean_drafts,
+                        "tau": model.acceptance.tau(k, n, c, t),
+                        "mean_drafts": model.acceptance.round_yield(k, n, c, t).mean_drafts,
                         "tokens_per_s": model.tokens_per_second(k, n, c, t), "speedup": model.speedup(k, n, c, t)}
                        for k, n, c, t in model.grid()]}
     if validate_prompts:
@@ -442,7 +443,7 @@ def run_tune(
             progress=progress)
         report["validation"]["validated_on"] = validate_on
     atomic_write(out / "tune.json", lambda p: p.write_text(json.dumps(report, indent=2)))
-    result.plot_heatmap(out / "heatmap.png", model)
+    plot_tune_heatmap(result, out / "heatmap.png", model)
     if save_drafter:
         save_tuned_drafter(drafter, counts, result, out / "drafter", tokenizer=tokenizer, target_model=target_name,
                            extra_selection={"dataset": dataset, "mode": mode})
@@ -535,7 +536,7 @@ def validate_tuned(
                "tau_standard_error": r.stats.accepted_length_standard_error, "rounds": r.stats.rounds,
                "mean_drafts": r.stats.proposed / r.stats.rounds if r.stats.rounds else None}
         if model is not None and k in model.acceptance.ks:
-            sim = model.acceptance.rounds(k, n, result.context_tokens, t)
+            sim = model.acceptance.round_yield(k, n, result.context_tokens, t)
             row.update(predicted_tau=sim.tau, predicted_mean_drafts=sim.mean_drafts,
                        predicted_speedup=model.speedup(k, n, result.context_tokens, t))
         rows.append(row)

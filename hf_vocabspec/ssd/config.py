@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+import warnings
+from dataclasses import InitVar, dataclass
 
+from ..cost import SSD_BACKUPS as BACKUPS
 from ..drafter import check_draft_length
 from ..generation import SpeculationStats
 
-BACKUPS = ("neural", "none")
+__all__ = ["BACKUPS", "MODES", "SSDConfig", "SSDStats", "check_device", "fix_draft_length"]
+
 MODES = ("sync", "worker")
 
 
@@ -20,7 +23,9 @@ class SSDConfig:
 
     fan_out: predicted outcomes per depth (F); ``saguaro_scale``: C in (0, 1] (1 = plain sampling from q);
     ``backup``: what a miss does ("neural": just-in-time drafting; "none": no draft that round);
-    ``num_assistant_tokens``: L (None = the drafter's generation_config or generate()'s value); ``mode``:
+    ``num_draft_tokens``: the draft length L (None = the drafter's generation_config or generate()'s
+    ``num_assistant_tokens``, transformers' name for it; ``num_assistant_tokens=`` is still accepted here, as the
+    old name of this field, and warns); ``mode``:
     "sync" or "worker"; ``device``/``draft_threads``: where the worker's drafter runs and its torch threads;
     ``fallback``: switch to ordinary drafting when the measured costs say SSD cannot pay, decided after
     ``probe_rounds`` rounds; ``worker_timeout_s``: longest wait for a worker reply before the session gives
@@ -30,15 +35,25 @@ class SSDConfig:
     fan_out: int = 3
     saguaro_scale: float = 1.0
     backup: str = "neural"
-    num_assistant_tokens: int | None = None
+    num_draft_tokens: int | None = None
     mode: str = "sync"
     device: str | None = None
     draft_threads: int = 1
     fallback: bool = True
     probe_rounds: int = 8
     worker_timeout_s: float = 120.0
+    # the old name of num_draft_tokens: accepted at construction, with a warning (not an attribute: an InitVar,
+    # so dataclasses.replace and to_dict see num_draft_tokens only)
+    num_assistant_tokens: InitVar[int | None] = None
 
-    def __post_init__(self):
+    def __post_init__(self, num_assistant_tokens: int | None = None):
+        if num_assistant_tokens is not None:
+            if self.num_draft_tokens is not None and self.num_draft_tokens != num_assistant_tokens:
+                raise ValueError(f"SSDConfig got num_draft_tokens={self.num_draft_tokens!r} and its old name "
+                                 f"num_assistant_tokens={num_assistant_tokens!r}: pass num_draft_tokens only.")
+            warnings.warn("SSDConfig(num_assistant_tokens=) is now SSDConfig(num_draft_tokens=) (the draft length L); "
+                          "the old name still works.", DeprecationWarning, stacklevel=3)
+            self.num_draft_tokens = num_assistant_tokens
         if isinstance(self.fan_out, bool) or not isinstance(self.fan_out, int) or self.fan_out < 1:
             raise ValueError(f"SSDConfig.fan_out must be an integer >= 1 (outcomes predicted per depth); got {self.fan_out!r}.")
         c = self.saguaro_scale
@@ -46,11 +61,12 @@ class SSDConfig:
             raise ValueError(f"SSDConfig.saguaro_scale must be in (0, 1] (1 = plain sampling); got {c!r}.")
         if self.backup not in BACKUPS:
             raise ValueError(f"SSDConfig.backup must be one of {BACKUPS}; got {self.backup!r}.")
-        if self.num_assistant_tokens is not None:
+        if self.num_draft_tokens is not None:
             try:
-                check_draft_length(self.num_assistant_tokens)
-            except ValueError as err:
-                raise ValueError(f"SSDConfig.{err} None means the drafter's own.") from None
+                check_draft_length(self.num_draft_tokens)
+            except ValueError:
+                raise ValueError(f"SSDConfig.num_draft_tokens must be a positive integer (got {self.num_draft_tokens!r}): "
+                                 "the drafter drafts that many tokens per round; None means the drafter's own.") from None
         if self.mode not in MODES:
             raise ValueError(f"SSDConfig.mode must be one of {MODES}; got {self.mode!r}.")
         if isinstance(self.draft_threads, bool) or not isinstance(self.draft_threads, int) or self.draft_threads < 1:
@@ -66,6 +82,17 @@ class SSDConfig:
     def to_dict(self) -> dict:
         """Plain JSON-able values (what the worker receives)."""
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SSDConfig:
+        """An SSDConfig from :meth:`to_dict`'s values; the old key ``num_assistant_tokens`` is read as
+        ``num_draft_tokens`` (no warning: a stored dict is not the caller's choice of words)."""
+        data = dict(data)
+        old = data.pop("num_assistant_tokens", None)
+        if old is not None and data.get("num_draft_tokens") is None:
+            data["num_draft_tokens"] = old
+        return cls(**data)
+
 
 
 def check_device(device: object, what: str) -> None:
@@ -92,11 +119,12 @@ def check_device(device: object, what: str) -> None:
 
 
 def fix_draft_length(generator, ssd_config: SSDConfig) -> int:
-    """Give an SSD-session generator its draft length L: ``ssd_config.num_assistant_tokens`` when set (else the
+    """Give an SSD-session generator its draft length L: ``ssd_config.num_draft_tokens`` when set (else the
     value the generator already resolved from generate()/the drafter), a constant schedule and no confidence
-    stop (L is the tree depth; drafts are cut only at EOS and max length). The one home of the SSD override."""
-    if ssd_config.num_assistant_tokens is not None:
-        generator.num_assistant_tokens = ssd_config.num_assistant_tokens
+    stop (L is the tree depth; drafts are cut only at EOS and max length). The one home of the SSD override.
+    (``generator.num_assistant_tokens`` is transformers' candidate-generator attribute: its name is kept.)"""
+    if ssd_config.num_draft_tokens is not None:
+        generator.num_assistant_tokens = ssd_config.num_draft_tokens
     generator.num_assistant_tokens = int(generator.num_assistant_tokens)
     generator.assistant_generation_config.num_assistant_tokens_schedule = "constant"
     generator.assistant_confidence_threshold = 0.0

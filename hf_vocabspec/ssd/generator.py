@@ -27,7 +27,7 @@ from ..generation import TrimmedCandidateGenerator
 from .cache import Branch, Drafts, SpeculationCache, full_log_q
 from .config import SSDConfig, SSDStats, fix_draft_length
 from .outcomes import Outcome, observe_outcome, predict_outcomes
-from .projection import should_fall_back
+from .fallback import should_fall_back
 from .saguaro import sample_drafts
 
 

@@ -37,7 +37,7 @@ from .cache import Drafts, full_log_q
 from .config import SSDConfig, SSDStats, fix_draft_length
 from .outcomes import Outcome, observe_outcome
 from .processors import PromptFacts, config_from_dict, config_to_dict, processors_from_config
-from .projection import worker_fallback_reason
+from .fallback import worker_fallback_reason
 from .protocol import SSDWorkerError
 
 _STARTUP_S = 120.0  # a fresh interpreter imports torch + transformers and loads the drafter
@@ -60,7 +60,7 @@ def serve(channel: p.Channel) -> None:
         setup = channel.recv()
         if not isinstance(setup, p.Setup):
             raise p.ProtocolError(f"expected Setup, got {type(setup).__name__}")
-        cfg = SSDConfig(**setup.ssd_config)
+        cfg = SSDConfig.from_dict(setup.ssd_config)
         torch.set_num_threads(cfg.draft_threads)
         from hf_vocabspec.drafter import TrimmedDrafter
 
@@ -91,7 +91,7 @@ def serve(channel: p.Channel) -> None:
                 gc = config_from_dict(msg.generation_config)
                 facts = PromptFacts(msg.prompt_length, None if msg.prompt_padding is None else tuple(msg.prompt_padding))
                 procs = processors_from_config(gc, facts, device=drafter.device)
-                sync_cfg = dataclasses.replace(cfg, mode="sync", fallback=False, num_assistant_tokens=msg.draft_length)
+                sync_cfg = dataclasses.replace(cfg, mode="sync", fallback=False, num_draft_tokens=msg.draft_length)
                 gen = SSDCandidateGenerator(msg.input_ids.to(drafter.device), drafter, gc, {}, None, procs,
                                             msg.target_vocab_size, ssd_config=sync_cfg)
                 sent_ids = gen.vocab.k
