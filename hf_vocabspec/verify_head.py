@@ -269,6 +269,9 @@ def measure_verify_latency(target: nn.Module, rows: tuple[int, ...] = (6,), cont
     ms: dict[int, list[float]] = {n: [] for n in widths}
     head = _eligible_head(target)
     kernels = {n: ORIGINAL for n in widths}
+    wrapped = getattr(target.get_output_embeddings(), "__dict__", {}).get("forward") is not None
+    if head is None and wrapped:  # inside hf_vocabspec.kernels.fast_linears: they run the head, not F.linear
+        kernels = {n: "wrapped (fast linears or a hook)" for n in widths}
     with verify_head(target, enabled=use_verify_head):
         if use_verify_head and head is not None:
             for n in rows:
