@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, fields
 
 import torch
 
-from .drafter import cache_kwarg, model_body
+from .modeling import cache_kwarg, model_body
 
 # Model types whose MLP is NOT gated (two matrices, up + down). Every other decoder is assumed gated
 # (gate, up, down: Llama, Mistral, Qwen2/3, Gemma 1-3, Phi-3, OLMo, SmolLM, Granite, ...), which is what
@@ -266,7 +266,7 @@ def measure_draft_latency(
     model's LM head (sliced from the weight: which rows does not change the time, so no trim is needed),
     then crops the cache back so every step sees the same context. Sizes are timed round-robin (slow
     drifts of a shared machine hit every k alike); each size reports the median of ``repeats``.
-    Works on a plain causal LM or a :class:`~hf_vocabspec.drafter.TrimmedDrafter` (then k <= its kept size).
+    Works on a plain causal LM or a :class:`~hf_vocabspec.modeling.TrimmedDrafter` (then k <= its kept size).
     """
     from transformers.cache_utils import DynamicCache
 

@@ -63,7 +63,7 @@ def forward_seconds(model, context: int, m: int, repeats: int, device: str) -> f
     """Median seconds of a forward of m new positions after ``context`` cached tokens (logits of all m)."""
     from transformers.cache_utils import DynamicCache
 
-    from hf_vocabspec.drafter import cache_kwarg
+    from hf_vocabspec.modeling import cache_kwarg
 
     vocab = model.config.get_text_config().vocab_size
     g = torch.Generator().manual_seed(0)

@@ -7,7 +7,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from ..drafter import check_draft_length
+from .._io import first_line
+from ..configuration import check_draft_length
 from ..generation import SpeculationStats
 
 BACKUPS = ("neural", "none")
@@ -87,8 +88,7 @@ def check_device(device: object, what: str) -> None:
     try:
         torch.empty(0, device=dev)
     except (RuntimeError, AssertionError, ValueError) as err:  # backend missing or not built in
-        why = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)[:120]
-        raise ValueError(f"{what} {device!r} is not available on this machine ({why}): {fix}.") from None
+        raise ValueError(f"{what} {device!r} is not available on this machine ({first_line(err, 120)}): {fix}.") from None
 
 
 def fix_draft_length(generator, ssd_config: SSDConfig) -> int:
