@@ -11,9 +11,11 @@ Importing the package registers :class:`TrimmedDrafter` with the Auto classes an
 The top level holds what the README uses, nothing more; the rest lives in its submodule (reachable as an
 attribute without importing it first): ``coverage`` (counting), ``selection`` (choosing k; the tuning model
 ``ThroughputModel`` / ``tune``), ``cost`` (draft FLOPs, measured latency, and the one round model: ``RoundModel``,
-tau as ``tokens_per_round``), ``drafter``,
-``generation`` (``SpeculationStats``, the candidate generator), ``hub`` (cards, errors), ``export`` (SGLang /
-EAGLE-3 maps), ``rdk``, ``ssd``, ``verify_head``. The tooling is imported by name: ``hf_vocabspec.evaluation``
+tau as ``tokens_per_round``), ``configuration``
+(the saved config and drafting settings), ``modeling`` (the ``TrimmedDrafter`` model, shipped with checkpoints),
+``trimming`` (``trim_drafter``), ``compatibility`` (does a drafter fit a target and tokenizer), ``generation``
+(``SpeculationStats``, the candidate generator), ``hub`` (cards, errors), ``export`` (SGLang / EAGLE-3 maps),
+``rdk``, ``ssd``, ``verify_head``, ``kernels`` (the fast linears). The tooling is imported by name: ``hf_vocabspec.evaluation``
 (offline models and data, benchmarks, tune, distill) and ``hf_vocabspec.cli``. Names other than the drafter's
 are handed out lazily (PEP 562 ``__getattr__``), so ``import hf_vocabspec`` does not pay for optuna, matplotlib
 or the Hub client until they are used.
@@ -24,13 +26,10 @@ from __future__ import annotations
 import importlib
 
 from . import generation  # noqa: F401  (importing it routes assistant_model=<TrimmedDrafter> to our generator)
-from .drafter import (
-    TrimmedDrafter,
-    TrimmedDrafterConfig,
-    VocabularyMapError,
-    tokenizer_sha256,
-    trim_drafter,
-)
+from .compatibility import DrafterMismatchError, check_compatibility, tokenizer_sha256
+from .configuration import TrimmedDrafterConfig, VocabularyMapError
+from .modeling import TrimmedDrafter
+from .trimming import trim_drafter
 
 __version__ = "0.1.0"
 
@@ -45,15 +44,17 @@ _LAZY = {
 }
 # submodules reachable as attributes without importing them first (``hf_vocabspec.coverage.TokenCounts``);
 # core modules only: the tooling (hf_vocabspec.evaluation, hf_vocabspec.cli) is imported by name
-_SUBMODULES = {"coverage", "selection", "cost", "hub", "export", "rdk", "ssd", "verify_head", "kernels", "drafter",
-               "generation"}
+_SUBMODULES = {"coverage", "selection", "cost", "hub", "export", "rdk", "ssd", "verify_head", "kernels", "configuration",
+               "modeling", "trimming", "compatibility", "generation"}
 
 __all__ = [
+    "DrafterMismatchError",
     "SSDConfig",
     "TokenCounts",
     "TrimmedDrafter",
     "TrimmedDrafterConfig",
     "VocabularyMapError",
+    "check_compatibility",
     "count_assistant_tokens",
     "fit_rdk_kernel",
     "load_drafter",

@@ -91,9 +91,15 @@ def build_once(final: str | os.PathLike, build: Callable[[Path], object]) -> Pat
 
 
 # --- reading our safetensors files: one-line errors, checksums ------------------------------------------------------
-def first_line(err: BaseException, limit: int = 200) -> str:
-    """An exception's first non-empty line, shortened (library messages can span pages)."""
-    text = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
+def first_line(err: BaseException, limit: int = 200, *, with_type: bool = False) -> str:
+    """An exception's first non-empty line (its type's name when it has no message), shortened to ``limit``
+    characters (library messages can span pages); ``with_type``: prefixed with the type's name. The one home of this
+    helper (modeling.py inlines it: it ships alone with checkpoints)."""
+    text = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), None)
+    if text is None:
+        text = "" if with_type else type(err).__name__
+    if with_type:
+        text = f"{type(err).__name__}: {text}"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
-from .drafter import cache_kwarg, model_body
+from .modeling import cache_kwarg, model_body
 
 __all__ = [
     "NON_GATED_MODEL_TYPES", "SSD_BACKUPS", "SSD_COMPUTES", "LatencyCurve", "RoundModel", "RoundYield", "SSDProjection",
@@ -387,7 +387,7 @@ def measure_draft_latency(
     model's LM head (sliced from the weight: which rows does not change the time, so no trim is needed),
     then crops the cache back so every step sees the same context. Sizes are timed round-robin (slow
     drifts of a shared machine hit every k alike); each size reports the median of ``repeats``.
-    Works on a plain causal LM or a :class:`~hf_vocabspec.drafter.TrimmedDrafter` (then k <= its kept size).
+    Works on a plain causal LM or a :class:`~hf_vocabspec.modeling.TrimmedDrafter` (then k <= its kept size).
     """
     from transformers.cache_utils import DynamicCache
 

@@ -299,7 +299,7 @@ class TokenCounts:
     def check_tokenizer(self, tokenizer, *, what: str = "these counts") -> None:
         """Refuse a tokenizer other than the one counted with (fingerprint, not just size: two tokenizers of
         one size would silently map counts to the wrong tokens). Cheap: run it before any search or timing."""
-        from .drafter import tokenizer_sha256
+        from .compatibility import tokenizer_sha256
 
         name = getattr(tokenizer, "name_or_path", "") or "the given tokenizer"
         how = f" (`hf-vocabspec count --tokenizer {name}`)" if getattr(tokenizer, "name_or_path", "") else ""
@@ -405,7 +405,7 @@ def _counts_checksum(counts: torch.Tensor, meta: dict) -> str:
 
 
 def _fingerprint(tokenizer) -> str:
-    from .drafter import tokenizer_sha256
+    from .compatibility import tokenizer_sha256
 
     return tokenizer_sha256(tokenizer)
 

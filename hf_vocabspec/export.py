@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import save_file
 
 from ._io import atomic_write, first_line, read_safetensors, tensors_checksum
-from .drafter import TrimmedDrafter
+from .modeling import TrimmedDrafter
 
 EAGLE3_CONVENTION = "eagle3-offsets"
 

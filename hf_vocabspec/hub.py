@@ -24,8 +24,11 @@ from typing import Any
 
 from huggingface_hub.errors import EntryNotFoundError
 
-from ._io import atomic_write
-from .drafter import MODEL_TYPE, TrimmedDrafter, VocabularyMapError, target_rows, tokenizer_sha256, vocab_fit_error
+from ._io import atomic_write, first_line
+from .compatibility import DrafterMismatchError  # noqa: F401  (re-exported beside the other load errors)
+from .compatibility import check_compatibility, tokenizer_sha256
+from .configuration import MODEL_TYPE, VocabularyMapError
+from .modeling import TrimmedDrafter
 
 logger = logging.getLogger(__name__)
 
@@ -56,10 +59,6 @@ class DrafterFileMissingError(DrafterLoadError, EntryNotFoundError):
 
 class NotATrimmedDrafterError(VocabularyMapError):
     """The repo holds a model that is not an hf_vocabspec trimmed drafter (no vocabulary map)."""
-
-
-class DrafterMismatchError(VocabularyMapError):
-    """The drafter was trimmed for another target vocabulary or tokenizer."""
 
 
 # --- model card --------------------------------------------------------------------------------------------
@@ -403,13 +402,8 @@ def push_drafter_to_hub(
             raise FileNotFoundError(f"extra_files[{path_in_repo!r}]: no such file {str(local)!r}.")
     fingerprint = None
     if tokenizer is not None:
+        check_compatibility(drafter, tokenizer=tokenizer, fix="push the target's tokenizer, or none")
         fingerprint = tokenizer_sha256(tokenizer)
-        recorded = drafter.config.target_tokenizer_sha256
-        if recorded and recorded != fingerprint:
-            raise DrafterMismatchError(
-                "The tokenizer passed to push_drafter_to_hub differs from the one this drafter was trimmed with "
-                "(token->id fingerprints differ): push the target's tokenizer, or none."
-            )
     api = HfApi(token=token)
     repo_url = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
     full_id = getattr(repo_url, "repo_id", None) or repo_id
@@ -438,11 +432,6 @@ def push_drafter_to_hub(
 
 
 # --- load ----------------------------------------------------------------------------------------------------
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}"
-
-
 def _causes(err: BaseException):
     seen = set()
     while err is not None and id(err) not in seen:
@@ -479,21 +468,22 @@ def _read_config(repo_or_path: str, kwargs: dict) -> tuple[dict, bool]:
         )
     except HFValidationError as err:
         raise DrafterNotFoundError(f"{repo_or_path!r} is neither a local directory nor a valid Hub repo id "
-                                   f"('owner/name'). ({_first_line(err)})") from err
+                                   f"('owner/name'). ({first_line(err, with_type=True)})") from err
     except RepositoryNotFoundError as err:
         raise DrafterNotFoundError(
             f"Could not load a drafter from {repo_or_path!r}: no such repo on {constants.ENDPOINT} and no local "
             "directory of that name (or it is private/gated and your token cannot read it). Check the repo id "
-            f"and log in with `hf auth login` or pass token=... ({_first_line(err)})") from err
+            f"and log in with `hf auth login` or pass token=... ({first_line(err, with_type=True)})") from err
     except RevisionNotFoundError as err:
         raise DrafterNotFoundError(f"Could not load a drafter from {where}: the repo has no such revision "
-                                   f"(branch, tag or commit). ({_first_line(err)})") from err
+                                   f"(branch, tag or commit). ({first_line(err, with_type=True)})") from err
     except LocalEntryNotFoundError as err:
         raise DrafterLoadError(f"Could not load a drafter from {where}: not in the local cache and the Hub is "
-                               f"unreachable or offline mode is on. ({_first_line(err)})") from err
+                               f"unreachable or offline mode is on. ({first_line(err, with_type=True)})") from err
     except EntryNotFoundError as err:
         raise DrafterFileMissingError(f"Could not load a drafter from {where}: the repo exists but has no "
-                                      f"config.json, so it holds no transformers model. ({_first_line(err)})") from err
+                                      "config.json, so it holds no transformers model. "
+                                      f"({first_line(err, with_type=True)})") from err
     return _parse_config(Path(cfg_file), repo_or_path), False
 
 
@@ -502,40 +492,12 @@ def _parse_config(path: Path, where: str) -> dict:
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
-        raise DrafterLoadError(f"The config.json of {where!r} is not readable JSON ({_first_line(err)}): copy or "
-                               "download the drafter again, or re-save it.") from err
+        raise DrafterLoadError(f"The config.json of {where!r} is not readable JSON ({first_line(err, with_type=True)}): "
+                               "copy or download the drafter again, or re-save it.") from err
     if not isinstance(config, dict):
         raise DrafterLoadError(f"The config.json of {where!r} holds a JSON {type(config).__name__}, not an object: "
                                "copy or download the drafter again, or re-save it.")
     return config
-
-
-def check_drafter_compatibility(drafter: TrimmedDrafter, *, target=None, tokenizer=None) -> None:
-    """Raise :class:`DrafterMismatchError` when ``drafter`` does not belong to ``target`` / ``tokenizer``."""
-    cfg = drafter.config
-    trimmed_for = cfg.target_model or "an unrecorded target"
-    if target is not None:
-        target_vocab = target_rows(target)
-        confirmed = (tokenizer is not None and cfg.target_tokenizer_sha256
-                     and tokenizer_sha256(tokenizer) == cfg.target_tokenizer_sha256)
-        # a padded target (more rows than the drafter's ids) fits once the tokenizer confirms it is the same one
-        if vocab_fit_error(cfg.vocab_size, target_vocab) or (target_vocab != cfg.vocab_size and not confirmed):
-            raise DrafterMismatchError(
-                f"This drafter was trimmed for a {cfg.vocab_size:,}-token vocabulary ({trimmed_for}), but the target "
-                f"{getattr(target.config, '_name_or_path', '') or type(target).__name__} has {target_vocab:,} "
-                "tokens: draft ids would map to the wrong tokens. Use a drafter trimmed for this target."
-            )
-        name = getattr(target.config, "_name_or_path", None)
-        if cfg.target_model and name and cfg.target_model != name:
-            logger.info("drafter was trimmed for %s, target is %s (same vocabulary size)", cfg.target_model, name)
-    if tokenizer is not None:
-        recorded = cfg.target_tokenizer_sha256
-        if recorded and tokenizer_sha256(tokenizer) != recorded:
-            raise DrafterMismatchError(
-                f"The tokenizer's token->id table differs from the one this drafter was trimmed with ({trimmed_for}; "
-                f"sha256 {recorded[:12]}...): draft ids would map to the wrong tokens. Use the target's tokenizer, or "
-                "a drafter trimmed with it."
-            )
 
 
 def load_drafter(repo_or_path: str | os.PathLike, *, target=None, tokenizer=None, **kwargs) -> TrimmedDrafter:
@@ -566,8 +528,11 @@ def load_drafter(repo_or_path: str | os.PathLike, *, target=None, tokenizer=None
         if missing:
             raise DrafterFileMissingError(
                 f"{repo_or_path!r} has a trimmed-drafter config.json but no weights ({' / '.join(WEIGHT_FILES[:1])} "
-                f"missing): the upload is incomplete. Push it again with push_drafter_to_hub. ({_first_line(err)})"
+                "missing): the upload is incomplete. Push it again with push_drafter_to_hub. "
+                f"({first_line(err, with_type=True)})"
             ) from err
-        raise DrafterLoadError(f"Could not load the drafter from {repo_or_path!r}: {_first_line(err)}") from err
-    check_drafter_compatibility(drafter, target=target, tokenizer=tokenizer)
+        raise DrafterLoadError(f"Could not load the drafter from {repo_or_path!r}: "
+                               f"{first_line(err, with_type=True)}") from err
+    check_compatibility(drafter, target=target, tokenizer=tokenizer,
+                        fix="use a drafter trimmed for this target and its tokenizer")
     return drafter

@@ -167,7 +167,7 @@ class RDKKernel:
 
 
 def drafter_kernel(drafter) -> RDKKernel | None:
-    """The kernel attached to a :class:`~hf_vocabspec.drafter.TrimmedDrafter` as float32, rows renormalised
+    """The kernel attached to a :class:`~hf_vocabspec.modeling.TrimmedDrafter` as float32, rows renormalised
     (None without one): the one law both drafting and verification use."""
     if not drafter.config.rdk or getattr(drafter, "rdk_weights", None) is None:
         return None
@@ -216,7 +216,7 @@ def calibration_sequences(dataset, tokenizer, *, max_sequences: int = 64, max_le
 
 
 def _drafter_q(drafter, ids: torch.Tensor, d2t: torch.Tensor, temperature: float) -> torch.Tensor:
-    from .drafter import TrimmedDrafter
+    from .modeling import TrimmedDrafter
 
     if isinstance(drafter, TrimmedDrafter):
         if not torch.equal(drafter.d2t.cpu(), d2t.cpu()):

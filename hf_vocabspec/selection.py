@@ -43,6 +43,8 @@ from typing import NamedTuple
 
 import torch
 
+from ._io import first_line
+from .configuration import check_confidence_threshold
 from .cost import (
     LatencyCurve,
     RoundModel,
@@ -53,7 +55,6 @@ from .cost import (
     speculative_speedup,
 )
 from .coverage import TokenCounts
-from .drafter import check_confidence_threshold
 
 __all__ = [
     "DEFAULT_CONFIDENCE_THRESHOLDS", "OBJECTIVES", "AcceptanceProfile", "RoundYield", "SelectionResult",
@@ -181,9 +182,8 @@ def _reading_storage(storage):
     except Exception as err:
         if storage is None or not isinstance(storage, (str, Path)) or isinstance(err, _OurStudyError):
             raise
-        first = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)[:150]
-        raise ValueError(f"The study storage {str(storage)!r} could not be read ({type(err).__name__}: {first}): it is "
-                         "damaged or edited; delete it to start afresh, or pass another storage.") from err
+        raise ValueError(f"The study storage {str(storage)!r} could not be read ({first_line(err, 150, with_type=True)}): "
+                         "it is damaged or edited; delete it to start afresh, or pass another storage.") from err
 
 
 class _OurStudyError(ValueError):

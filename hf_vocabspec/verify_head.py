@@ -12,7 +12,7 @@ than ``MAX_ROWS`` rows (prefill), other devices than CPU/CUDA, autograd, and non
 (quantised layers, accelerate-offloaded heads) keep the original head.
 
 Scope: the generation seam (:mod:`hf_vocabspec.generation.hooks`) enters :func:`verify_head` so the head is
-replaced only while a generate call drafts with a :class:`~hf_vocabspec.drafter.TrimmedDrafter` (or an hf_vocabspec session
+replaced only while a generate call drafts with a :class:`~hf_vocabspec.modeling.TrimmedDrafter` (or an hf_vocabspec session
 object such as SSD's) whose ``use_verify_head`` is on, and restored in ``finally``. Only the head module's
 ``forward`` is swapped: architecture transforms the causal-LM class applies AFTER the head (Gemma's
 ``final_logit_softcapping``) still apply, and a tied weight is read at call time, so ties hold.
@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .drafter import TrimmedDrafter, cache_kwarg
+from .modeling import TrimmedDrafter, cache_kwarg
 
 # Row counts above this are prefill-like: GEMM kernels are efficient there, keep the original head.
 MAX_ROWS = 64

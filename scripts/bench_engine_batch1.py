@@ -18,7 +18,8 @@ import time
 
 import torch
 
-from hf_vocabspec.drafter import set_draft_length, trim_drafter
+from hf_vocabspec.configuration import set_draft_length
+from hf_vocabspec.trimming import trim_drafter
 from hf_vocabspec.evaluation.benchmark import machine_info
 from hf_vocabspec.evaluation.data import eval_prompts, load_workload
 from hf_vocabspec.evaluation.offline import load_model

@@ -70,7 +70,7 @@ def forward_seconds(model, context: int, m: int, repeats: int, device: str, warm
     ``warmup`` runs of a shape are not timed (the fast linears' kernel trials run there)."""
     from transformers.cache_utils import DynamicCache
 
-    from hf_vocabspec.drafter import cache_kwarg
+    from hf_vocabspec.modeling import cache_kwarg
 
     vocab = model.config.get_text_config().vocab_size
     g = torch.Generator().manual_seed(0)

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from hf_vocabspec import TrimmedDrafter, trim_drafter
-from hf_vocabspec.drafter import set_draft_length
+from hf_vocabspec.configuration import set_draft_length
 from hf_vocabspec.coverage import count_assistant_tokens
 from hf_vocabspec.evaluation.benchmark import (
     _MODES,

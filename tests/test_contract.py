@@ -276,7 +276,7 @@ def test_power_a_stop_that_is_not_honoured_differs(monkeypatch):
 def _prefilled(target, ids):
     from transformers.cache_utils import DynamicCache
 
-    from hf_vocabspec.drafter import cache_kwarg
+    from hf_vocabspec.modeling import cache_kwarg
 
     cache = DynamicCache(config=target.config)
     with torch.no_grad():

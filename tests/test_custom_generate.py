@@ -178,8 +178,8 @@ def test_custom_generate_drafter_kwarg_and_errors(pushed, tmp_path):
 
     with pytest.raises(ValueError, match="trust_remote_code=True"):  # transformers' own gate
         target.generate(torch.tensor(PROMPT), custom_generate=str(tmp_path / "d"), max_new_tokens=5)
-    other = LlamaForCausalLM(LlamaConfig(vocab_size=80, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=1))
+    other = LlamaForCausalLM(LlamaConfig(vocab_size=48, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))  # fewer rows than the ids
     with pytest.raises(VocabularyMapError, match="trimmed for a 64-token vocabulary"):
         other.generate(torch.tensor(PROMPT), custom_generate=str(tmp_path / "d"), trust_remote_code=True,
                        max_new_tokens=5)

@@ -136,3 +136,82 @@ def test_public_names_resolve():
     missing = [name for name in hf_vocabspec.__all__ if not hasattr(hf_vocabspec, name)]
     assert not missing, missing
     assert "draft_vocab_size" in hf_vocabspec.TrimmedDrafterConfig().to_dict()
+
+
+# --- one home per concept (issue #29): the typed config, runtime switches as views, the old checkpoint layout ------
+def test_every_config_field_is_declared_with_a_type_and_a_docstring():
+    import ast
+    import inspect
+
+    from hf_vocabspec import configuration
+
+    tree = ast.parse(inspect.getsource(configuration.TrimmedDrafterConfig))
+    body = tree.body[0].body
+    fields = {}
+    for i, node in enumerate(body):
+        if isinstance(node, ast.AnnAssign):
+            doc = body[i + 1] if i + 1 < len(body) else None
+            fields[node.target.id] = isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)
+    saved = set(hf_vocabspec.TrimmedDrafterConfig().to_dict())
+    ours = {"drafter_config", "vocab_size", "draft_vocab_size", "vocab_map_sha256", "target_model",
+            "target_tokenizer_sha256", "base_drafter", "selection", "eval_results", "rdk", "context_tokens",
+            "max_context_tokens", "context_head_size", "verify_head"}
+    assert ours <= set(fields) and ours <= saved, (ours - set(fields), ours - saved)
+    assert all(fields.values()), [name for name, documented in fields.items() if not documented]
+    assert {"rdk", "selection", "eval_results"} <= {n for n, a in configuration.TrimmedDrafterConfig.__annotations__.items()
+                                                    if any(t in str(a) for t in ("RDKInfo", "SelectionInfo",
+                                                                                 "EvalResultRow"))}
+
+
+def test_structured_entries_round_trip_and_old_configs_load(tmp_path, drafter):
+    drafter.config.selection = {"method": "top-k by assistant-token count", "k": 5, "coverage": 0.5, "extra": [1, 2]}
+    drafter.config.eval_results = [{"metric_type": "coverage", "metric_value": 0.5, "dataset_name": "d"}]
+    drafter.save_pretrained(tmp_path / "d")
+    loaded = TrimmedDrafter.from_pretrained(tmp_path / "d")
+    assert loaded.config.selection == drafter.config.selection
+    assert loaded.config.eval_results == drafter.config.eval_results
+    # a config.json written before eval_results / verify_head / context fields were declared loads with defaults
+    path = tmp_path / "d" / "config.json"
+    cfg = json.loads(path.read_text())
+    for key in ("eval_results", "verify_head", "context_tokens", "max_context_tokens", "context_head_size"):
+        cfg.pop(key, None)
+    path.write_text(json.dumps(cfg))
+    old = TrimmedDrafter.from_pretrained(tmp_path / "d")
+    assert old.config.eval_results is None and old.use_verify_head is True and old.use_context_tokens is False
+
+
+def test_runtime_switches_are_views_of_their_config_fields(tmp_path, pair):
+    """One value per switch: what a call uses is what config.json saves (no second copy to drift)."""
+    drafter = trim_drafter(pair[1], range(3, 30))
+    assert drafter.use_context_tokens == drafter.config.context_tokens
+    drafter.use_context_tokens = False
+    drafter.use_verify_head = False
+    assert drafter.config.context_tokens is False and drafter.config.verify_head is False
+    drafter.config.verify_head = True
+    assert drafter.use_verify_head is True
+    drafter.save_pretrained(tmp_path / "d")
+    loaded = TrimmedDrafter.from_pretrained(tmp_path / "d")
+    assert loaded.use_context_tokens is False and loaded.use_verify_head is True
+    assert loaded.use_rdk is False  # no kernel attached: nothing to switch on
+    loaded.use_rdk = False
+    with pytest.raises(ValueError, match="no RDK kernel"):
+        loaded.use_rdk = True
+
+
+def test_checkpoint_of_the_old_layout_loads(tmp_path, drafter):
+    """A checkpoint saved before the split (auto_map naming drafter.py) loads with the package, and saving it again
+    writes the new layout."""
+    drafter.save_pretrained(tmp_path / "d")
+    path = tmp_path / "d" / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg["auto_map"] = {"AutoConfig": "drafter.TrimmedDrafterConfig", "AutoModelForCausalLM": "drafter.TrimmedDrafter"}
+    path.write_text(json.dumps(cfg))
+    for name in ("configuration.py", "modeling.py"):
+        (tmp_path / "d" / name).unlink()
+    (tmp_path / "d" / "drafter.py").write_text("raise ImportError('the shipped code is not used with the package')\n")
+    for loaded in (AutoModelForCausalLM.from_pretrained(tmp_path / "d"), hf_vocabspec.load_drafter(tmp_path / "d"),
+                   TrimmedDrafter.from_pretrained(tmp_path / "d")):
+        assert isinstance(loaded, TrimmedDrafter) and torch.equal(loaded.d2t, drafter.d2t)
+    loaded.save_pretrained(tmp_path / "e")
+    assert json.loads((tmp_path / "e" / "config.json").read_text())["auto_map"] == {
+        "AutoConfig": "configuration.TrimmedDrafterConfig", "AutoModelForCausalLM": "modeling.TrimmedDrafter"}

@@ -687,10 +687,10 @@ def test_checkpoint_check_accepts_architectures_with_other_field_names(tmp_path)
 
 # --- issue #29: silently ignored or lost ----------------------------------------------------------------------------
 def test_batched_speculation_survives_save_and_load_and_one_home(tmp_path):
-    from hf_vocabspec import drafter as drafter_module
+    from hf_vocabspec import configuration
     from hf_vocabspec.generation import engine
 
-    assert engine.SPECULATION_MODES is drafter_module.SPECULATION_MODES  # one home of the valid values
+    assert engine.SPECULATION_MODES is configuration.SPECULATION_MODES  # one home of the valid values
     torch.manual_seed(0)
     drafter = trim_drafter(LlamaForCausalLM(llama_config()), torch.arange(3, 30))
     for value in ("off", "on", "auto"):
@@ -704,7 +704,7 @@ def test_batched_speculation_survives_save_and_load_and_one_home(tmp_path):
 
 
 def test_invalid_batched_speculation_is_refused_at_load_save_and_batch_1(tmp_path):
-    from hf_vocabspec.drafter import check_batched_speculation
+    from hf_vocabspec.configuration import check_batched_speculation
     from tiny import make_pair
 
     assert check_batched_speculation("on") == "on"
@@ -776,7 +776,7 @@ def _gpt2_drafter(n_positions: int = 16):
 def test_position_limit_read_under_each_architecture_s_name():
     from transformers import PretrainedConfig
 
-    from hf_vocabspec.drafter import position_limit
+    from hf_vocabspec.modeling import position_limit
 
     assert position_limit(_gpt2_drafter(16)) == 16  # a trimmed drafter's body: GPT-2's n_positions
     assert position_limit(LlamaForCausalLM(llama_config())) == 256

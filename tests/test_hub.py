@@ -152,12 +152,17 @@ def test_errors_a_new_user_meets(hub_client, pushed):  # noqa: F811
         load_drafter(PLAIN)
     assert "'llama'" in str(err.value) and "trim_drafter" in str(err.value)
 
-    other = LlamaForCausalLM(LlamaConfig(vocab_size=80, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=1))
-    with pytest.raises(DrafterMismatchError, match="trimmed for a 64-token vocabulary") as err:
-        load_drafter(REPO, target=other)
-    assert isinstance(err.value, VocabularyMapError)
-    with pytest.raises(DrafterMismatchError, match="tokenizer's token->id table differs"):
+    def target(rows):
+        return LlamaForCausalLM(LlamaConfig(vocab_size=rows, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                            num_attention_heads=2, num_key_value_heads=1))
+
+    with pytest.raises(DrafterMismatchError, match="trimmed for a 64-token vocabulary .* has 48 rows") as err:
+        load_drafter(REPO, target=target(48))  # fewer rows than the drafter's ids
+    assert isinstance(err.value, VocabularyMapError) and "\n" not in str(err.value)
+    # a target padded past the tokenizer (more rows, the same tokenizer) is compatible, confirmed or not
+    assert load_drafter(REPO, target=target(80)).config.vocab_size == 64
+    assert load_drafter(REPO, target=target(80), tokenizer=pushed["tok"]).config.vocab_size == 64
+    with pytest.raises(DrafterMismatchError, match="token->id tables differ"):
         load_drafter(REPO, tokenizer=tiny_tokenizer(shuffle=True))
 
     with pytest.raises(EntryNotFoundError):  # RemoteEntryNotFoundError from the server's X-Error-Code
@@ -228,9 +233,10 @@ def test_model_card_describes_context_tokens_of_a_tied_drafter():
 
 
 def test_fresh_process_loads_by_repo_id_with_trust_remote_code(local_hub, pushed, tmp_path):  # noqa: F811
-    """A process that never imports hf_vocabspec loads the pushed repo by id (shipped drafter.py + auto_map)."""
-    if "drafter.py" not in local_hub.files(REPO):
-        pytest.skip("this checkpoint format ships no drafter.py")
+    """A process that never imports hf_vocabspec loads the pushed repo by id (shipped modeling.py and
+    configuration.py + auto_map)."""
+    if "modeling.py" not in local_hub.files(REPO):
+        pytest.skip("this checkpoint format ships no modeling.py")
     root = pushed["root"]
     script = textwrap.dedent(f"""
         import json, sys, torch

@@ -1,6 +1,8 @@
 """The package's shape: no import cycle among its modules (lazy and by-name imports included), the core never
-imports the tooling (evaluation/, cli/, the ``python -m hf_vocabspec.lmeval`` entry), and drafter.py (shipped
-with every checkpoint) imports only torch and transformers."""
+imports the tooling (evaluation/, cli/, the ``python -m hf_vocabspec.lmeval`` entry), configuration.py and
+modeling.py (shipped with every checkpoint) import only torch, transformers and each other, and one home per
+concept: the compatibility check (drafter vs target and tokenizer) lives in compatibility.py alone, the
+"first line of an exception" helper in _io.py alone."""
 
 from __future__ import annotations
 
@@ -147,23 +149,141 @@ def test_layout_checks_have_power():
     with pytest.raises(AssertionError, match="computed name"):
         imports_of("import importlib\nname = 'x'\nimportlib.import_module('hf_vocabspec.' + name)\n", "hf_vocabspec.hub")
     graph = {"hf_vocabspec.hub": {"hf_vocabspec.evaluation.offline"}, "hf_vocabspec.evaluation.offline": {"hf_vocabspec.hub"},
-             "hf_vocabspec.cli": {"hf_vocabspec.evaluation"}, "hf_vocabspec.cost": {"hf_vocabspec.drafter"}}
+             "hf_vocabspec.cli": {"hf_vocabspec.evaluation"}, "hf_vocabspec.cost": {"hf_vocabspec.modeling"}}
     assert core_imports_of_tooling(graph) == {"hf_vocabspec.hub": ["hf_vocabspec.evaluation.offline"]}
     assert find_cycle(graph) == ["hf_vocabspec.evaluation.offline", "hf_vocabspec.hub", "hf_vocabspec.evaluation.offline"]
 
 
-def test_drafter_module_imports_only_stdlib_torch_and_transformers():
-    tree = ast.parse((PKG / "drafter.py").read_text())
-    roots = set()
-    for node in ast.walk(tree):
+# --- what ships with every checkpoint (auto_map names these files; trust_remote_code loads them alone) ----------------
+SHIPPED = {"configuration.py": set(), "modeling.py": {"configuration"}}  # file -> the shipped modules it may import
+
+
+def shipped_import_problems(source: str, allowed_relative: set[str]) -> list[str]:
+    """What keeps ``source`` from loading without hf_vocabspec: a third-party import other than torch/transformers,
+    an absolute import of hf_vocabspec, or a relative import of anything but ``allowed_relative`` (sibling modules
+    shipped beside it)."""
+    problems = []
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            roots.update(a.name.split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and not node.level:
-            roots.add((node.module or "").split(".")[0])
+            roots = {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level:
-            raise AssertionError(f"drafter.py has a relative import (line {node.lineno}): it ships alone with checkpoints")
-    third_party = {r for r in roots if r not in sys.stdlib_module_names}
-    assert third_party <= {"torch", "transformers"}, third_party
+            if node.level != 1 or node.module not in allowed_relative:
+                problems.append(f"line {node.lineno}: relative import of {'.' * node.level}{node.module or ''}")
+            continue
+        elif isinstance(node, ast.ImportFrom):
+            roots = {(node.module or "").split(".")[0]}
+        else:
+            continue
+        problems += [f"line {node.lineno}: imports {r}" for r in sorted(roots)
+                     if r not in sys.stdlib_module_names and r not in ("torch", "transformers")]
+    return problems
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_shipped_modules_import_only_stdlib_torch_transformers_and_each_other(name):
+    assert shipped_import_problems((PKG / name).read_text(), SHIPPED[name]) == []
+
+
+def test_shipped_import_check_has_power():
+    assert shipped_import_problems("from .configuration import X\nimport torch\n", {"configuration"}) == []
+    assert shipped_import_problems("from .._io import first_line\n", set()) == ["line 1: relative import of .._io"]
+    assert shipped_import_problems("from .trimming import trim_drafter\n", {"configuration"}) == [
+        "line 1: relative import of .trimming"]
+    assert shipped_import_problems("import hf_vocabspec.hub\nfrom numpy import x\n", set()) == [
+        "line 1: imports hf_vocabspec", "line 2: imports numpy"]
+
+
+# --- one home per concept ---------------------------------------------------------------------------------------
+# The compatibility check: its functions and error are defined in compatibility.py, the error raised there alone, and
+# no other module compares a tokenizer fingerprint with the one a drafter recorded (each caller asks the one check).
+COMPAT_HOME = "hf_vocabspec.compatibility"
+COMPAT_NAMES = {"compatibility_error", "check_compatibility", "check_tokenizer_belongs", "check_same_tokenizer",
+                "target_rows", "tokenizer_sha256", "DrafterMismatchError",
+                "vocab_fit_error", "check_drafter_compatibility"}  # (the last two: names of former second copies)
+# a counts file checks its OWN tokenizer fingerprint (counts vs tokenizer, not a drafter vs a target)
+FINGERPRINT_COMPARE_ALLOWED = {"hf_vocabspec.coverage"}
+FIRST_LINE_HOME = "hf_vocabspec._io"
+# modeling.py ships alone with checkpoints and cannot import _io: its one inline copy is the exception
+FIRST_LINE_INLINE_ALLOWED = {"hf_vocabspec.modeling"}
+
+
+def _called_name(node: ast.AST) -> str | None:
+    func = node.func if isinstance(node, ast.Call) else None
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+
+
+def _is_fingerprint(node: ast.AST) -> bool:
+    return ((isinstance(node, ast.Call) and _called_name(node) in ("tokenizer_sha256", "_fingerprint"))
+            or (isinstance(node, ast.Attribute) and node.attr == "target_tokenizer_sha256"))
+
+
+def _is_str_splitlines(node: ast.AST) -> bool:
+    """``str(x).splitlines()`` / ``str(x).strip().splitlines()``: an inline first-line helper."""
+    if not (isinstance(node, ast.Call) and _called_name(node) == "splitlines"):
+        return False
+    inner = node.func.value
+    while isinstance(inner, ast.Call) and _called_name(inner) == "strip":
+        inner = inner.func.value
+    return isinstance(inner, ast.Call) and getattr(inner.func, "id", None) == "str"
+
+
+def home_violations(source: str, name: str) -> list[str]:
+    """Second copies of a concept with one home in ``source`` (module ``name``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if node.name in COMPAT_NAMES and name != COMPAT_HOME:
+                found.append(f"line {node.lineno}: defines {node.name} (its home is {COMPAT_HOME})")
+            if ("first_line" in node.name or "one_line" in node.name) and name != FIRST_LINE_HOME:
+                found.append(f"line {node.lineno}: defines {node.name} (use {FIRST_LINE_HOME}.first_line)")
+        elif isinstance(node, ast.Raise) and node.exc is not None and name != COMPAT_HOME:
+            exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            if (getattr(exc, "id", None) or getattr(exc, "attr", None)) == "DrafterMismatchError":
+                found.append(f"line {node.lineno}: raises DrafterMismatchError (only {COMPAT_HOME} does)")
+        elif isinstance(node, ast.Compare) and name != COMPAT_HOME and name not in FINGERPRINT_COMPARE_ALLOWED:
+            if any(_is_fingerprint(side) for side in (node.left, *node.comparators)):
+                found.append(f"line {node.lineno}: compares tokenizer fingerprints (ask {COMPAT_HOME})")
+        elif _is_str_splitlines(node) and name not in (FIRST_LINE_HOME, *FIRST_LINE_INLINE_ALLOWED):
+            found.append(f"line {node.lineno}: takes an exception's first line inline (use {FIRST_LINE_HOME}.first_line)")
+    return sorted(found, key=lambda text: int(text.split(":")[0].split()[1]))
+
+
+def test_one_home_per_concept():
+    files = {_module_name(p): p for p in PKG.rglob("*.py")}
+    found = {name: v for name, path in sorted(files.items()) if (v := home_violations(path.read_text(), name))}
+    assert found == {}
+
+
+def test_one_home_check_has_power():
+    src = ("def vocab_fit_error(a, b):\n    pass\n"
+           "def _first_line(err):\n    return str(err).splitlines()[0]\n"
+           "def f(tok, d):\n    if tokenizer_sha256(tok) != d.config.target_tokenizer_sha256:\n"
+           "        raise DrafterMismatchError('x')\n"
+           "    why = str(e).strip().splitlines()\n")
+    assert home_violations(src, "hf_vocabspec.hub") == [
+        "line 1: defines vocab_fit_error (its home is hf_vocabspec.compatibility)",
+        "line 3: defines _first_line (use hf_vocabspec._io.first_line)",
+        "line 4: takes an exception's first line inline (use hf_vocabspec._io.first_line)",
+        "line 6: compares tokenizer fingerprints (ask hf_vocabspec.compatibility)",
+        "line 7: raises DrafterMismatchError (only hf_vocabspec.compatibility does)",
+        "line 8: takes an exception's first line inline (use hf_vocabspec._io.first_line)",
+    ]
+    assert home_violations(src.replace("_first_line", "first_line"), "hf_vocabspec._io")[1:3] == [
+        "line 6: compares tokenizer fingerprints (ask hf_vocabspec.compatibility)",
+        "line 7: raises DrafterMismatchError (only hf_vocabspec.compatibility does)",
+    ]
+    assert home_violations(src.split("def _first_line")[0], "hf_vocabspec.compatibility") == []
+
+
+def test_new_modules_declare_all():
+    """Modules created for one home per concept declare their public names."""
+    for name in ("configuration", "modeling", "trimming", "compatibility"):
+        tree = ast.parse((PKG / f"{name}.py").read_text())
+        declared = [n for n in tree.body if isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "__all__"
+                                                                               for t in n.targets)]
+        assert declared, f"{name}.py has no __all__"
+        module = __import__(f"hf_vocabspec.{name}", fromlist=["__all__"])
+        assert all(hasattr(module, n) for n in module.__all__), name
 
 
 # --- one home per concept (issue #29): the round model and tau live in cost.py; plotting lives in the tooling ----

@@ -135,8 +135,8 @@ def test_kernel_file_and_checkpoint_round_trip(pair, fitted, tmp_path):
     assert again.config.rdk["num_targets"] == 4 and again.use_rdk
     assert torch.equal(drafter_kernel(again).weights, drafter_kernel(drafter).weights)
     assert not list(tmp_path.glob("d/*.bin")) and not list(tmp_path.glob("d/*.pt"))  # safetensors only
-    # the code shipped for trust_remote_code stays drafter.py alone (torch + transformers only)
-    assert sorted(p.name for p in (tmp_path / "d").glob("*.py")) == ["drafter.py"]
+    # the code shipped for trust_remote_code: the configuration and modeling modules alone (torch + transformers only)
+    assert sorted(p.name for p in (tmp_path / "d").glob("*.py")) == ["configuration.py", "modeling.py"]
 
     # the kernel must belong to this drafter's kept vocabulary
     other = hf_vocabspec.trim_drafter(base, list(range(1, VOCAB, 2)) + [0, 2])

@@ -19,7 +19,7 @@ from tiny import EOS, VOCAB, make_pair
 from transformers import GenerationConfig, LogitsProcessorList
 
 import hf_vocabspec
-from hf_vocabspec.drafter import cache_kwarg
+from hf_vocabspec.modeling import cache_kwarg
 from hf_vocabspec.ssd import SSDCandidateGenerator, SSDConfig, SSDSession, SSDStats
 from hf_vocabspec.ssd.saguaro import sample_drafts
 
@@ -298,6 +298,60 @@ def test_session_refuses_a_batch_in_one_line():
         ssd._hf_vocabspec_candidate_generator(input_ids=PROMPT.repeat(2, 1), generation_config=GenerationConfig(),
                                               model_kwargs={})
     assert "\n" not in str(err.value)
+
+
+def _word_tokenizer(reverse: bool = False):
+    """A 64-token word-level tokenizer for the tiny models (``reverse``: another id table of the same size)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    names = ["<pad>", "<s>", "</s>"] + [f"w{i}" for i in range(3, VOCAB)]
+    if reverse:
+        names = names[:3] + names[3:][::-1]
+    tok = Tokenizer(models.WordLevel({n: i for i, n in enumerate(names)}, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+
+
+def test_session_gets_the_one_compatibility_check_tokenizer_included():
+    """generate with an SSD session checks its drafter as it checks a drafter passed alone (the tokenizer's
+    fingerprint was skipped for sessions before): refused in one line, before any drafting."""
+    from tiny import llama_config
+    from transformers import LlamaForCausalLM
+
+    target, base = make_pair("llama", seed=3, head_scale=8.0)
+    tok = _word_tokenizer()
+    drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)), tokenizer=tok)
+    with SSDSession(drafter, SSDConfig(fallback=False)) as ssd:
+        ref = target.generate(PROMPT, do_sample=False, max_new_tokens=8)
+        out = target.generate(PROMPT, do_sample=False, max_new_tokens=8, assistant_model=ssd, tokenizer=tok)
+        assert torch.equal(out, ref)
+        with pytest.raises(hf_vocabspec.DrafterMismatchError, match="fingerprints differ") as err:
+            target.generate(PROMPT, max_new_tokens=8, assistant_model=ssd, tokenizer=_word_tokenizer(reverse=True))
+        assert "\n" not in str(err.value) and "universal" not in str(err.value).lower()
+        fewer = LlamaForCausalLM(llama_config(vocab_size=VOCAB - 8)).eval()
+        with pytest.raises(hf_vocabspec.DrafterMismatchError, match=f"has {VOCAB - 8} rows"):
+            fewer.generate(PROMPT, max_new_tokens=8, assistant_model=ssd)
+
+
+def test_session_serves_a_target_padded_past_the_tokenizer():
+    """The one compatibility rule accepts a target with more rows than the drafter's ids (Qwen2.5-7B with its
+    0.5B drafter, small): SSD's law is laid out over the target's rows; greedy output is the target's."""
+    from tiny import llama_config
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(llama_config(vocab_size=VOCAB + 8)).eval()
+    with torch.no_grad():
+        target.get_output_embeddings().weight.mul_(8.0)
+    _, base = make_pair("llama", seed=3, head_scale=8.0)
+    drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)) + [3, 5])
+    with SSDSession(drafter, SSDConfig(fallback=False)) as ssd:
+        ref = target.generate(PROMPT, do_sample=False, max_new_tokens=16)
+        assert torch.equal(target.generate(PROMPT, do_sample=False, max_new_tokens=16, assistant_model=ssd), ref)
+        torch.manual_seed(0)
+        out = target.generate(PROMPT, do_sample=True, max_new_tokens=16, min_new_tokens=16, assistant_model=ssd)
+        assert out.shape[1] == PROMPT.shape[1] + 16 and ssd.last_stats.proposed > 0
 
 
 # --- real model (offline SmolLM2-135M-Instruct: fp32 target, bf16 trimmed copy as drafter) -----------------------

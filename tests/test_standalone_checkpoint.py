@@ -1,9 +1,11 @@
 """A saved drafter WITH an RDK kernel loads through ``trust_remote_code`` where hf_vocabspec cannot be imported
 (the README promises saved drafters load without the package): a meta-path blocker makes every
-``import hf_vocabspec...`` raise ImportError in the fresh process, and the shipped drafter.py must not need it."""
+``import hf_vocabspec...`` raise ImportError in the fresh process, and the shipped modeling.py / configuration.py must
+not need it."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -64,8 +66,12 @@ def test_rdk_drafter_loads_with_trust_remote_code_without_the_package(tmp_path):
     drafter.save_pretrained(tmp_path / "drafter")
     target.save_pretrained(tmp_path / "target")
     saved = load_file(str(tmp_path / "drafter" / "model.safetensors"))
-    assert (tmp_path / "drafter" / "drafter.py").is_file()
-    assert "import hf_vocabspec" not in (tmp_path / "drafter" / "drafter.py").read_text()
+    config = json.loads((tmp_path / "drafter" / "config.json").read_text())
+    assert config["auto_map"] == {"AutoConfig": "configuration.TrimmedDrafterConfig",
+                                  "AutoModelForCausalLM": "modeling.TrimmedDrafter"}, config["auto_map"]
+    for shipped in ("configuration.py", "modeling.py"):
+        code = (tmp_path / "drafter" / shipped).read_text()
+        assert "import hf_vocabspec" not in code and "from hf_vocabspec" not in code, shipped
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["HF_MODULES_CACHE"] = str(tmp_path / "modules")  # a fresh copy of the shipped code, not a cached one

@@ -247,7 +247,7 @@ def test_simulated_rounds_count_tokens_per_round():
 def test_drafter_profile_predicts_the_tau_greedy_generation_measures():
     """Along the target's greedy continuation, greedy rounds of the real trimmed drafter are what the teacher-forced
     per-position accepts say: predicted tau matches the measured one at every k, L and context setting."""
-    from hf_vocabspec.drafter import set_draft_length
+    from hf_vocabspec.configuration import set_draft_length
     from hf_vocabspec.evaluation.tune import drafter_acceptance_profile, target_continuations
 
     target, base = make_pair("llama", seed=2, head_scale=8.0, noise=0.15)
@@ -329,7 +329,7 @@ def test_throughput_model_prices_the_draft_count_distribution():
 def test_drafter_profile_predicts_confidence_stopped_rounds():
     """With a confidence threshold, greedy generation's tau is exactly the simulated one (the stops along the
     target's path are observed) and its draft count close to it (past a rejection the stop rate is modelled)."""
-    from hf_vocabspec.drafter import set_draft_length
+    from hf_vocabspec.configuration import set_draft_length
     from hf_vocabspec.evaluation.tune import drafter_acceptance_profile, target_continuations
 
     target, base = make_pair("llama", seed=2, head_scale=8.0, noise=0.15)
@@ -406,7 +406,7 @@ def test_sampled_profile_predicts_the_tau_sampling_measures():
     """T=1: rounds simulated from min(1, q(x)/p(x)) along the target's sampled continuations predict the tau of
     sampled speculative generation (many rounds; threshold: 4 standard errors of the measured tau). Power: the
     same simulation from a deliberately wrong q fails that threshold."""
-    from hf_vocabspec.drafter import set_draft_length
+    from hf_vocabspec.configuration import set_draft_length
     from hf_vocabspec.evaluation.tune import drafter_acceptance_profile, target_continuations
     from hf_vocabspec.generation.stats import SpeculationStats
     from hf_vocabspec.cost import simulate_rounds

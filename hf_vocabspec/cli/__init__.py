@@ -1,7 +1,8 @@
 """``hf-vocabspec``: count assistant-token coverage, choose and trim a drafter's vocabulary, evaluate it.
 
-A user error prints ONE line (what is wrong and how to fix it) and exits non-zero: 2 for a bad command line,
-1 for anything found later (a missing file, counts of another tokenizer, ...). ``--debug`` shows the traceback.
+A user error prints ONE line (what is wrong and how to fix it) and exits non-zero: 2 for a bad command line (models
+named on it that do not fit together included: hf_vocabspec.compatibility's DrafterMismatchError), 1 for anything
+found later (a missing file, counts of another tokenizer, ...). ``--debug`` shows the traceback.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .._io import first_line
+from ..compatibility import DrafterMismatchError
 from . import evaluation, lmeval, pipeline, tune
 from ._common import UsageError, explicit_options
 
@@ -46,14 +49,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _one_line(err: BaseException) -> str:
-    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
-    text = lines[0] if lines else type(err).__name__
-    if isinstance(err, KeyError):
-        text = f"missing key {text}"
-    return text if len(text) <= 400 else text[:397] + "..."
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv  # global: accepted before or after the subcommand
@@ -72,8 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # user-facing: one line; the traceback only on request
         if debug:
             raise
-        print(f"hf-vocabspec {args.command}: error: {_one_line(err)} (--debug for the traceback)", file=sys.stderr)
-        return 2 if isinstance(err, UsageError) else 1
+        text = ("missing key " if isinstance(err, KeyError) else "") + first_line(err, 400)
+        print(f"hf-vocabspec {args.command}: error: {text} (--debug for the traceback)", file=sys.stderr)
+        # a bad command line, or models that do not fit together (named on it): 2; anything found later: 1
+        return 2 if isinstance(err, (UsageError, DrafterMismatchError)) else 1
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ class UsageError(ValueError):
 
 def confidence_threshold(text: str) -> float:
     """argparse type: a drafter confidence threshold in [0, 1) (0: never stop drafting early)."""
-    from ..drafter import check_confidence_threshold
+    from ..configuration import check_confidence_threshold
 
     try:
         return check_confidence_threshold(text)
@@ -215,7 +215,8 @@ def check_ks_in_vocabulary(ks, tokenizer_name: str, option: str = "--ks") -> int
 _TOKENIZER_FILES = ("tokenizer*", "special_tokens_map.json", "vocab.json", "vocab.txt", "merges.txt",
                     "added_tokens.json", "chat_template.*", "spiece.model")
 _DRAFTER_FILES = ("config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
-                  "drafter.py", "custom_generate", "selection", "README.md", *_TOKENIZER_FILES)
+                  "configuration.py", "modeling.py", "drafter.py",  # (drafter.py: shipped by releases before the split)
+                  "custom_generate", "selection", "README.md", *_TOKENIZER_FILES)
 OUTPUT_KINDS = {
     # kind: (marker files, one of which must be there; every entry must match these patterns)
     "drafter": (("config.json",), _DRAFTER_FILES),
@@ -337,34 +338,27 @@ def overwrite_arg(p) -> None:
                    help="replace --output even if it is not an earlier output of this command (its files are deleted)")
 
 
-def check_same_tokenizer(name: str, tokenizer, *, option: str, other: str) -> None:
-    """``name`` (a model given as ``option``) must use ``tokenizer``: fingerprints when it has a tokenizer, else its
-    config's vocabulary size (a model saved without one). Cheap: no model is loaded."""
+def check_tokenizer_of(name: str, tokenizer, *, option: str, other: str) -> None:
+    """``name`` (a model given as ``option``) must use ``tokenizer``: read its tokenizer, or its config's vocabulary
+    size where it was saved without one, and ask hf_vocabspec.compatibility (which raises DrafterMismatchError, exit
+    2). Cheap: no model is loaded."""
     from .._io import first_line
-    from ..drafter import tokenizer_sha256
+    from ..compatibility import check_same_tokenizer as same_tokenizer
     from ..evaluation.offline import load_tokenizer, resolve_model_path
 
-    fix = "drafter and target must share a tokenizer; pass matching models"
     try:
         its = load_tokenizer(name)
     except Exception:  # noqa: BLE001 - no tokenizer there: fall back to the config below
         its = None
-    if its is not None:
-        if tokenizer_sha256(its) != tokenizer_sha256(tokenizer):
-            raise UsageError(f"{option} {name} uses another tokenizer than {other} (tokenizer fingerprints differ): "
-                             f"{fix}.")
-        return
-    from transformers import AutoConfig
+    if its is None:
+        from transformers import AutoConfig
 
-    try:
-        rows = AutoConfig.from_pretrained(resolve_model_path(name)).get_text_config().vocab_size
-    except Exception as err:  # noqa: BLE001
-        raise UsageError(f"{option} {name}: neither a tokenizer nor a model config could be read ({first_line(err)}): "
-                         "pass a model directory, Hub id or offline name.") from err
-    n = len(tokenizer)
-    if n > rows or rows - n > max(1024, rows // 64):
-        raise UsageError(f"{option} {name} has a {rows:,}-token vocabulary but {other} has a {n:,}-token tokenizer: "
-                         f"{fix}.")
+        try:
+            its = AutoConfig.from_pretrained(resolve_model_path(name)).get_text_config().vocab_size
+        except Exception as err:  # noqa: BLE001
+            raise UsageError(f"{option} {name}: neither a tokenizer nor a model config could be read "
+                             f"({first_line(err)}): pass a model directory, Hub id or offline name.") from err
+    same_tokenizer(its, tokenizer, what=f"{option} {name}", other_name=other)
 
 
 def check_storage(storage: str | None, option: str = "--storage") -> None:

@@ -14,7 +14,7 @@ from ._common import (
     UsageError,
     check_dataset_name,
     check_model_name,
-    check_same_tokenizer,
+    check_tokenizer_of,
     check_ks_in_vocabulary,
     coverage_fraction,
     given,
@@ -36,7 +36,7 @@ def check_drafter_tokenizer(args) -> None:
     if getattr(args, "drafter", None):
         from ..evaluation.offline import load_tokenizer
 
-        check_same_tokenizer(args.drafter, load_tokenizer(args.target), option="--drafter",
+        check_tokenizer_of(args.drafter, load_tokenizer(args.target), option="--drafter",
                              other=f"the target {args.target}")
 
 
@@ -75,10 +75,12 @@ def cmd_demo(args) -> int:
 def _demo(args, out_dir: Path) -> int:
     from tqdm.auto import tqdm
 
-    from ..drafter import TrimmedDrafter, set_draft_length, trim_drafter
+    from ..configuration import set_draft_length
     from ..evaluation.benchmark import Method, compare_methods, format_table
     from ..evaluation.data import count_split, eval_prompts
     from ..evaluation.offline import load_chat_dataset, load_model, load_tokenizer
+    from ..modeling import TrimmedDrafter
+    from ..trimming import trim_drafter
 
     t_start = time.perf_counter()
 

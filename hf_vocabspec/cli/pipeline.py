@@ -12,7 +12,7 @@ from ._common import (
     UsageError,
     check_bench_results,
     check_dataset_name,
-    check_same_tokenizer,
+    check_tokenizer_of,
     check_storage,
     count_for_args,
     is_main_process,
@@ -86,7 +86,7 @@ def _check_reachable(args, counts) -> None:
 def _check_not_only_special(counts, tokenizer, what: str) -> None:
     """Counts whose tokens are all special (turn markers of empty answers) reach any coverage at the smallest k and say
     nothing about the workload: refuse them rather than report k=50 at 100%."""
-    from ..drafter import chat_template_special_ids
+    from ..trimming import chat_template_special_ids
 
     special = sorted({int(i) for i in (*tokenizer.all_special_ids, *chat_template_special_ids(tokenizer))
                       if 0 <= int(i) < counts.vocab_size})
@@ -191,12 +191,12 @@ def cmd_trim(args) -> int:
     if not args.counts:
         check_dataset_name(args.dataset)
     from ..coverage import TokenCounts
-    from ..drafter import trim_drafter
     from ..evaluation.offline import load_model, load_tokenizer
+    from ..trimming import trim_drafter
 
     tokenizer = load_tokenizer(args.tokenizer or args.drafter)
     if args.target:  # recorded in the drafter's config: it must be a model this drafter can serve
-        check_same_tokenizer(args.target, tokenizer, option="--target", other=f"the drafter {args.tokenizer or args.drafter}")
+        check_tokenizer_of(args.target, tokenizer, option="--target", other=f"the drafter {args.tokenizer or args.drafter}")
     if args.k and args.k > len(tokenizer):
         raise UsageError(f"--k {args.k} is beyond the vocabulary ({len(tokenizer):,} tokens): pass --k up to "
                          f"{len(tokenizer):,} (or --min-coverage to choose k).")
@@ -297,9 +297,10 @@ def cmd_trim(args) -> int:
 
 def cmd_rdk_fit(args) -> int:
     """Fit (or build the prior) RDK kernel for a saved trimmed drafter and save it into the checkpoint."""
+    from ..compatibility import check_compatibility
     from ..coverage import count_assistant_tokens
-    from ..drafter import TrimmedDrafter, tokenizer_sha256
     from ..evaluation.offline import load_chat_dataset, load_model, load_tokenizer
+    from ..modeling import TrimmedDrafter
     from ..rdk import (
         calibration_sequences,
         collect_calibration,
@@ -320,10 +321,8 @@ def cmd_rdk_fit(args) -> int:
     if not target_name:
         raise UsageError("The drafter does not record its target: pass --target (the model whose distributions to fit).")
     tokenizer = load_tokenizer(target_name)
-    expected = drafter.config.target_tokenizer_sha256
-    if expected and tokenizer_sha256(tokenizer) != expected:
-        raise UsageError(f"--target {target_name} uses another tokenizer than the drafter {args.drafter} was trimmed "
-                         "for (tokenizer fingerprints differ): pass the target the drafter serves.")
+    check_compatibility(drafter, tokenizer=tokenizer, fix=f"pass as --target the model the drafter {args.drafter} serves "
+                        f"(not {target_name})")
     dataset = load_chat_dataset(args.dataset)
     if args.method == "fitted":
         log(f"calibrating on {args.sequences} assistant turns of {args.dataset} with {target_name} (T={args.temperature})")

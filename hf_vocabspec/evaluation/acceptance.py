@@ -81,8 +81,8 @@ def run_acceptance_report(target_name: str, out_dir, *, dataset: str = "offline:
     from pathlib import Path
 
     from ..coverage import count_assistant_tokens
-    from ..drafter import special_token_ids
     from ..rdk import iter_pruning_levels
+    from ..trimming import special_token_ids
     from .offline import load_chat_dataset, load_model, load_tokenizer
 
     out = Path(out_dir)

@@ -109,7 +109,8 @@ def _first_diff_margin(target, prompt: torch.Tensor, ours: list[int], ref: list[
 
 
 def run_batch_bench(cfg: BatchBenchConfig, out_dir, progress=None) -> dict:
-    from ..drafter import set_draft_length, trim_drafter
+    from ..configuration import set_draft_length
+    from ..trimming import trim_drafter
     from .benchmark import machine_info
     from .data import eval_prompts, load_workload
     from .offline import load_model

@@ -24,11 +24,12 @@ from transformers import GenerationConfig
 from transformers.generation.candidate_generator import AssistedCandidateGenerator
 
 from .._io import atomic_write
+from ..configuration import set_draft_length
 from ..cost import RoundModel, iid_acceptance, project_ssd_speedup
-from ..drafter import TrimmedDrafter, set_draft_length
 from ..generation import SpeculationStats
 from ..hub import EvalResultRow
 from ..kernels import fast_linears
+from ..modeling import TrimmedDrafter
 from .data import eval_prompts, first_exchange, load_workload  # noqa: F401 (re-exported)
 
 
@@ -533,7 +534,7 @@ def run_benchmark(cfg: BenchConfig, out_dir, progress: Callable | None = None) -
     from pathlib import Path
 
     from ..coverage import count_assistant_tokens
-    from ..drafter import trim_drafter
+    from ..trimming import trim_drafter
     from .offline import load_chat_dataset, load_model
 
     out = Path(out_dir)

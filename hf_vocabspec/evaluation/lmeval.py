@@ -56,15 +56,16 @@ def check_drafter_for(drafter: str, target: str, tokenizer: str | None = None) -
     model or task loads."""
     from transformers import AutoConfig
 
-    from ..drafter import MODEL_TYPE
-    from ..hub import check_drafter_compatibility
+    from ..compatibility import check_compatibility
+    from ..configuration import MODEL_TYPE
     from .offline import load_tokenizer
 
     config = AutoConfig.from_pretrained(_resolve(drafter, "drafter"))
     if config.model_type != MODEL_TYPE:
         raise ValueError(f"drafter={drafter} is a {config.model_type!r} model, not an hf_vocabspec trimmed drafter: "
                          "trim it first (`hf-vocabspec trim`) and pass the trimmed folder.")
-    check_drafter_compatibility(types.SimpleNamespace(config=config), tokenizer=load_tokenizer(tokenizer or target))
+    check_compatibility(types.SimpleNamespace(config=config), tokenizer=load_tokenizer(tokenizer or target),
+                        fix=f"pass a drafter trimmed for {tokenizer or target}")
 
 
 @register_model(BACKEND)
@@ -109,8 +110,9 @@ class VocabSpecLM(HFLM):
             self._rank, self._world_size = acc.process_index, acc.num_processes
 
     def _load_drafter(self, drafter: str | Any, dtype: str | torch.dtype | None):
-        from ..drafter import TrimmedDrafter
-        from ..hub import check_drafter_compatibility, load_drafter
+        from ..compatibility import check_compatibility
+        from ..hub import load_drafter
+        from ..modeling import TrimmedDrafter
         from .offline import resolve_model_path
 
         if drafter is None:
@@ -120,7 +122,7 @@ class VocabSpecLM(HFLM):
         elif not isinstance(drafter, TrimmedDrafter):
             raise TypeError(f"drafter= takes a trimmed drafter (name or TrimmedDrafter), not {type(drafter).__name__}: "
                             "trim it first with hf_vocabspec.trim_drafter.")
-        check_drafter_compatibility(drafter, target=self.model, tokenizer=self.tokenizer)
+        check_compatibility(drafter, target=self.model, tokenizer=self.tokenizer)
         return drafter.to(self.device).eval()
 
     def _model_generate(self, context, max_length: int, stop: list[str], **generation_kwargs):

@@ -609,7 +609,7 @@ def load_chat_dataset(name_or_path: str, split: str = "train", **kwargs: Any) ->
             return datasets.load_dataset(str(path), split=split, **kwargs)
         except Exception as err:
             raise ValueError(f"Dataset folder {name_or_path!r} could not be read as a dataset "
-                             f"({_first_line(err)}): pass one {_EXPECTED_DATA}, or a folder written by "
+                             f"({_dataset_error(err)}): pass one {_EXPECTED_DATA}, or a folder written by "
                              "Dataset.save_to_disk.") from err
     return datasets.load_dataset(name_or_path, split=split, **kwargs)
 
@@ -632,12 +632,12 @@ _EXPECTED_DATA = ("JSONL file (one JSON object per line, each with a 'messages' 
                   "file holding a list of such objects, or a .parquet/.csv file with a 'messages' column")
 
 
-def _first_line(err: BaseException) -> str:
-    text = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
+def _dataset_error(err: BaseException) -> str:
+    """first_line of a datasets error, looking through datasets' wrapper (its cause says what is wrong)."""
     cause = err.__cause__ or err.__context__
-    if "An error occurred while generating the dataset" in text and cause is not None:
-        return _first_line(cause)  # datasets' wrapper: the cause says what is wrong
-    return text[:200]
+    if "An error occurred while generating the dataset" in str(err) and cause is not None:
+        return _dataset_error(cause)
+    return first_line(err)
 
 
 def _json_problem(path: Path) -> str | None:
@@ -650,7 +650,7 @@ def _json_problem(path: Path) -> str | None:
         with opener(path, "rt", encoding="utf-8") as f:
             text = f.read()
     except (OSError, UnicodeDecodeError, EOFError) as err:
-        return f"not UTF-8 text ({_first_line(err)})"
+        return f"not UTF-8 text ({_dataset_error(err)})"
     try:
         json.loads(text)
         return None
@@ -671,5 +671,5 @@ def _json_problem(path: Path) -> str | None:
 def _unreadable(name: str, path: Path, builder: str, err: BaseException) -> ValueError:
     """datasets' error on a local file, as one line naming the file, the line if known, and what we expect."""
     where = _json_problem(path) if builder == "json" else None
-    detail = where or _first_line(err)
+    detail = where or _dataset_error(err)
     return ValueError(f"Dataset file {name!r} could not be read ({detail}): expected a {_EXPECTED_DATA}.")

@@ -18,10 +18,11 @@ from pathlib import Path
 import torch
 
 from .._io import atomic_write
+from ..configuration import set_draft_length
 from ..cost import tokens_per_round
-from ..drafter import set_draft_length
 from .benchmark import Method, MethodResult, compare_methods
 from ._format import cell as _f
+from .benchmark import Method, MethodResult, compare_methods
 from .data import eval_prompts, load_workload
 
 CALIBRATION_CONVERSATIONS = 3000
@@ -58,7 +59,7 @@ class RDKBenchConfig:
 def run_rdk_benchmark(cfg: RDKBenchConfig, out_dir, progress: Callable | None = None) -> dict:
     """Fit kernels, score them, generate; write results.json, results.md and rdk_tau_vs_vocab.png."""
     from ..coverage import count_assistant_tokens
-    from ..drafter import trim_drafter
+    from ..trimming import trim_drafter
     from .offline import load_model
 
     out = Path(out_dir)

@@ -337,7 +337,8 @@ def measure_throughput_model(
 def save_tuned_drafter(base_drafter, counts: TokenCounts, result: TuneResult, out_dir, *, tokenizer=None,
                        target_model: str | None = None, extra_selection: dict | None = None):
     """Trim ``base_drafter`` to the chosen k and save it with the chosen L and context-token setting."""
-    from ..drafter import set_draft_length, trim_drafter
+    from ..configuration import set_draft_length
+    from ..trimming import trim_drafter
 
     selection = {"method": "hf-vocabspec tune (joint k, L, context tokens, confidence threshold)", "k": result.k,
                  "coverage": counts.coverage(result.k), "num_draft_tokens": result.num_draft_tokens,
@@ -393,7 +394,7 @@ def run_tune(
     if validate_on not in ("held-out", "scored"):
         raise ValueError(f"validate_on must be 'held-out' or 'scored'; got {validate_on!r}.")
     from ..coverage import count_assistant_tokens
-    from ..drafter import special_token_ids
+    from ..trimming import special_token_ids
     from .data import count_split, held_out_conversations
     from .offline import load_chat_dataset, load_model, load_tokenizer
 
@@ -501,7 +502,8 @@ def validate_tuned(
     """Measure the tuned (k, L, context, threshold) next to a grid of neighbours (``ks`` x ``draft_lengths`` at a
     constant L, same context setting) and target only, interleaved in one run; returns the rows (with the
     ``model``'s predicted tau, draft count and speedup beside the measured ones) and the tuned setting's rank."""
-    from ..drafter import set_draft_length, trim_drafter
+    from ..configuration import set_draft_length
+    from ..trimming import trim_drafter
     from .benchmark import Method, compare_methods
 
     def name(k: int, n: int, t: float) -> str:

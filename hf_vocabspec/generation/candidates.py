@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 from transformers.generation.candidate_generator import AssistedCandidateGenerator
 
-from ..drafter import TrimmedDrafter, VocabularyMapError, vocab_fit_error
+from ..compatibility import check_compatibility
+from ..modeling import TrimmedDrafter
 from .draft_step import DraftStep
 from .stats import SpeculationStats
 
@@ -34,9 +35,7 @@ class TrimmedCandidateGenerator(AssistedCandidateGenerator):
         super().__init__(input_ids, assistant_model, generation_config, model_kwargs, inputs_tensor, logits_processor)
         drafter = assistant_model
         drafter.validate_vocab_map()
-        why = vocab_fit_error(drafter.config.vocab_size, target_vocab_size or drafter.config.vocab_size)
-        if why:
-            raise VocabularyMapError(f"{why}. Trim a drafter that uses the target's tokenizer (hf_vocabspec.trim_drafter).")
+        check_compatibility(drafter, target=target_vocab_size or drafter.config.vocab_size)
         if generation_config.assistant_ensemble_weight is not None:
             raise ValueError(
                 "assistant_ensemble_weight makes verification lossy; hf_vocabspec only does lossless speculative "

@@ -28,7 +28,7 @@ from transformers.generation.logits_process import (
     RepetitionPenaltyLogitsProcessor,
 )
 
-from ..drafter import TrimmedDrafter, cache_kwarg
+from ..modeling import TrimmedDrafter, cache_kwarg
 from ..rdk import drafter_kernel
 from .stats import SpeculationStats
 from .vocabulary import DraftVocabulary, is_value_only

@@ -56,7 +56,9 @@ from transformers.cache_utils import (
 )
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
-from ..drafter import SPECULATION_MODES, cache_kwarg, target_rows
+from ..compatibility import target_rows
+from ..configuration import SPECULATION_MODES
+from ..modeling import cache_kwarg
 from .draft_step import DraftStep
 from .stats import SpeculationStats
 from .vocabulary import is_value_only

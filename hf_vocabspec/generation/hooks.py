@@ -18,7 +18,7 @@ session object exposing ``_hf_vocabspec_candidate_generator``); every other call
   vocabulary, which transformers refuses at batch > 1, also runs there (its full head drafts).
 
 What moved in transformers and is absorbed here: the cache kwarg (``cache`` from 5.24, see
-``drafter.cache_kwarg``), ``_get_candidate_generator`` called with keywords (4.57 -> 5.24).
+``modeling.cache_kwarg``), ``_get_candidate_generator`` called with keywords (4.57 -> 5.24).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import contextvars
 import copy
 import functools
 import inspect
-import weakref
 
 import torch
 from transformers import GenerationMixin
@@ -38,17 +37,9 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from .. import kernels as _kernels
 from .. import verify_head as _verify_head
 from .._versions import check, supported_range
-from ..drafter import (
-    TrimmedDrafter,
-    VocabularyMapError,
-    check_batched_speculation,
-    check_draft_length,
-    forward_has_cache,
-    target_rows,
-    vocab_fit_error,
-    position_limit,
-    tokenizer_sha256,
-)
+from ..compatibility import check_compatibility, target_rows
+from ..configuration import check_batched_speculation, check_draft_length
+from ..modeling import TrimmedDrafter, forward_has_cache, position_limit
 from .candidates import TrimmedCandidateGenerator
 from .engine import SpeculativeEngine, unsupported_layer_types
 
@@ -69,7 +60,6 @@ def transformers_loop():
         yield
     finally:
         _TRANSFORMERS_LOOP.reset(token)
-_FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> sha256, hashed once
 
 
 class _ConfigView:
@@ -93,31 +83,23 @@ def is_ours(assistant) -> bool:
     return isinstance(assistant, TrimmedDrafter) or getattr(assistant, "_hf_vocabspec_candidate_generator", None) is not None
 
 
-def _fingerprint(tokenizer) -> str:
-    try:
-        cached = _FINGERPRINTS.get(tokenizer)
-    except TypeError:  # not weak-referenceable: hash every call
-        return tokenizer_sha256(tokenizer)
-    if cached is None:
-        cached = _FINGERPRINTS[tokenizer] = tokenizer_sha256(tokenizer)
-    return cached
+def trimmed_drafter_of(assistant) -> TrimmedDrafter | None:
+    """The trimmed drafter that drafts for ``assistant``: itself, or the ``drafter`` of one of our session objects
+    (SSD); None for any other assistant."""
+    if isinstance(assistant, TrimmedDrafter):
+        return assistant
+    drafter = getattr(assistant, "drafter", None) if is_ours(assistant) else None
+    return drafter if isinstance(drafter, TrimmedDrafter) else None
 
 
 def check_trimmed_assistant(target, drafter: TrimmedDrafter, generation_config, mode_kwargs: dict) -> None:
-    """OUR errors for a trimmed drafter that cannot serve this target, raised before transformers' checks (which
-    would advise universal assisted decoding: the wrong fix, the drafter must share the target's tokenizer)."""
-    fix = "trim a drafter with the target's tokenizer: hf_vocabspec.trim_drafter(base, ids, tokenizer=target_tokenizer)."
+    """OUR errors for a trimmed drafter (or an SSD session's) that cannot serve this target or the tokenizer passed to
+    generate, raised before transformers' checks (which would advise universal assisted decoding: the wrong fix, the
+    drafter must share the target's tokenizer). The compatibility rule itself is hf_vocabspec.compatibility's."""
     n = getattr(generation_config, "num_assistant_tokens", None)
     if n is not None:
         check_draft_length(n)
-    why = vocab_fit_error(drafter.config.vocab_size, target_rows(target))
-    if why:
-        raise VocabularyMapError(f"{why}; {fix}")
-    tokenizer = mode_kwargs.get("tokenizer")
-    recorded = drafter.config.target_tokenizer_sha256
-    if tokenizer is not None and recorded and _fingerprint(tokenizer) != recorded:
-        raise VocabularyMapError(f"The tokenizer passed to generate() ({getattr(tokenizer, 'name_or_path', '')!r}) "
-                                 f"is not the one this drafter was trimmed with (tokenizer fingerprints differ); {fix}")
+    check_compatibility(drafter, target=target, tokenizer=mode_kwargs.get("tokenizer"))
 
 
 def check_inputs(target, assistant, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -125,7 +107,7 @@ def check_inputs(target, assistant, input_ids: torch.Tensor, attention_mask: tor
     """Bad input to a speculative call fails here, in one line, before any forward pass.
 
     ``max_length``: the total length generate will reach (prompt + max_new_tokens), checked against each model's
-    position limit (read under its architecture's name, see ``drafter.position_limit``); None checks the prompt."""
+    position limit (read under its architecture's name, see ``modeling.position_limit``); None checks the prompt."""
     vocab = target.config.get_text_config().vocab_size
     if input_ids.shape[-1] == 0:
         raise ValueError("The prompt is empty (input_ids has 0 tokens): give at least one token, e.g. the BOS token.")
@@ -358,7 +340,7 @@ def install() -> None:
         assistant = kwargs.get("assistant_model")
         factory = getattr(assistant, "_hf_vocabspec_candidate_generator", None)
         if factory is not None and not args:  # a session object builds its own generator (SSD)
-            return factory(**kwargs, target_vocab_size=self.config.get_text_config().vocab_size)
+            return factory(**kwargs, target_vocab_size=target_rows(self))
         if not isinstance(assistant, TrimmedDrafter):
             return get_generator(self, *args, **kwargs)
         if args:
@@ -370,7 +352,7 @@ def install() -> None:
             model_kwargs=kwargs["model_kwargs"],
             inputs_tensor=kwargs.get("inputs_tensor"),
             logits_processor=kwargs.get("logits_processor"),
-            target_vocab_size=self.config.get_text_config().vocab_size,
+            target_vocab_size=target_rows(self),
         )
 
     def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs, *args, **kwargs):
@@ -378,11 +360,12 @@ def install() -> None:
         _OURS_CALL.set(is_ours(assistant))
         if is_ours(assistant):
             check_generate_kwargs(generation_config, assistant)
-        if isinstance(assistant, TrimmedDrafter):
-            check_trimmed_assistant(self, assistant, generation_config, generation_mode_kwargs)
+        drafter = trimmed_drafter_of(assistant)
+        if drafter is not None:  # a trimmed drafter, or the drafter of an SSD session: the same checks
+            check_trimmed_assistant(self, drafter, generation_config, generation_mode_kwargs)
             rows = target_rows(self)
-            if assistant.config.vocab_size != rows:  # a padded target: our check accepted it, transformers'
-                config = copy.copy(assistant.config)  # compares vocabulary sizes: show it the target's
+            if drafter.config.vocab_size != rows:  # a padded target: our check accepted it, transformers'
+                config = copy.copy(drafter.config)  # compares vocabulary sizes: show it the target's
                 config.vocab_size = rows
                 generation_mode_kwargs = {**generation_mode_kwargs, "assistant_model": _ConfigView(config)}
         if is_ours(assistant) and generation_config.num_return_sequences > 1:

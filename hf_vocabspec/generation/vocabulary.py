@@ -19,7 +19,7 @@ from transformers.generation.logits_process import (
     TypicalLogitsWarper,
 )
 
-from ..drafter import TrimmedDrafter
+from ..modeling import TrimmedDrafter
 
 # Processors that only look at logit VALUES (not token ids): valid as-is on the K kept logits.
 _VALUE_ONLY = (

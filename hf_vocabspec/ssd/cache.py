@@ -73,6 +73,8 @@ def full_log_q(drafts: Drafts, ids: torch.Tensor, k: int, rdk, vocab_size: int) 
         full = rdk.redistribute(law[..., :k])
         if drafts.width > k:
             full.index_add_(-1, ids[k:], law[..., k:])
+        if full.shape[-1] < vocab_size:  # a target padded past the drafter's ids: no mass on its extra rows
+            full = torch.nn.functional.pad(full, (0, vocab_size - full.shape[-1]))
     else:
         full = law.new_zeros((*law.shape[:-1], vocab_size))
         full[..., ids] = law

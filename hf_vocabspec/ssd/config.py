@@ -8,8 +8,9 @@ import math
 import warnings
 from dataclasses import InitVar, dataclass
 
+from .._io import first_line
+from ..configuration import check_draft_length
 from ..cost import SSD_BACKUPS as BACKUPS
-from ..drafter import check_draft_length
 from ..generation import SpeculationStats
 
 __all__ = ["BACKUPS", "MODES", "SSDConfig", "SSDStats", "check_device", "fix_draft_length"]
@@ -114,8 +115,7 @@ def check_device(device: object, what: str) -> None:
     try:
         torch.empty(0, device=dev)
     except (RuntimeError, AssertionError, ValueError) as err:  # backend missing or not built in
-        why = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)[:120]
-        raise ValueError(f"{what} {device!r} is not available on this machine ({why}): {fix}.") from None
+        raise ValueError(f"{what} {device!r} is not available on this machine ({first_line(err, 120)}): {fix}.") from None
 
 
 def fix_draft_length(generator, ssd_config: SSDConfig) -> int:

@@ -22,8 +22,8 @@ import warnings
 import torch
 from transformers.cache_utils import DynamicCache
 
-from ..drafter import TrimmedDrafter, cache_kwarg
 from ..generation import TrimmedCandidateGenerator
+from ..modeling import TrimmedDrafter, cache_kwarg
 from .cache import Branch, Drafts, SpeculationCache, full_log_q
 from .config import SSDConfig, SSDStats, fix_draft_length
 from .outcomes import Outcome, observe_outcome, predict_outcomes
@@ -214,7 +214,7 @@ class SSDCandidateGenerator(TrimmedCandidateGenerator):
         seq = torch.cat([input_ids, drafts.tokens[None]], dim=1)
         if not self.do_sample:
             return seq, None
-        return seq, full_log_q(drafts, self.vocab.ids, self.vocab.k, self.rdk, self.drafter.config.vocab_size)
+        return seq, full_log_q(drafts, self.vocab.ids, self.vocab.k, self.rdk, self.target_vocab_size)
 
     @torch.no_grad()
     def get_candidates(self, input_ids: torch.LongTensor, *args, **kwargs):

@@ -50,7 +50,7 @@ class Hello:
 @dataclass
 class Setup:
     drafter_path: str
-    flags: dict  # drafter attributes that are not saved with it (use_context_tokens, use_rdk)
+    flags: dict  # the runtime switches as set at start (use_context_tokens, use_rdk; views of saved config fields)
     ssd_config: dict
 
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import dataclasses
 import warnings
 
-from ..drafter import TrimmedDrafter
 from ..generation import TrimmedCandidateGenerator
+from ..modeling import TrimmedDrafter
 from .config import SSDConfig, SSDStats, fix_draft_length
 from .generator import SSDCandidateGenerator
 from .processors import PromptFacts, unrebuildable

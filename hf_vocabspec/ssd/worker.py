@@ -31,6 +31,7 @@ import warnings
 
 import torch
 
+from .._io import first_line
 from ..generation import TrimmedCandidateGenerator
 from . import protocol as p
 from .cache import Drafts, full_log_q
@@ -62,7 +63,7 @@ def serve(channel: p.Channel) -> None:
             raise p.ProtocolError(f"expected Setup, got {type(setup).__name__}")
         cfg = SSDConfig.from_dict(setup.ssd_config)
         torch.set_num_threads(cfg.draft_threads)
-        from hf_vocabspec.drafter import TrimmedDrafter
+        from hf_vocabspec.modeling import TrimmedDrafter
 
         drafter = TrimmedDrafter.from_pretrained(setup.drafter_path)
         if cfg.device is not None:
@@ -254,7 +255,7 @@ class WorkerCandidateGenerator(TrimmedCandidateGenerator):
         try:
             return call()
         except SSDWorkerError as err:
-            reason = str(err).splitlines()[0]
+            reason = first_line(err)
             self.worker.give_up(reason)
             self.active = False
             self.stats.fell_back = True
@@ -302,7 +303,7 @@ class WorkerCandidateGenerator(TrimmedCandidateGenerator):
         seq = torch.cat([input_ids, drafts.tokens[None]], dim=1)
         if not self.do_sample:
             return seq, None
-        return seq, full_log_q(drafts, self.ids, self.drafter.d2t.numel(), self.rdk, self.drafter.config.vocab_size)
+        return seq, full_log_q(drafts, self.ids, self.drafter.d2t.numel(), self.rdk, self.target_vocab_size)
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int):
         observe_outcome(self, input_ids, num_matches)

@@ -1,10 +1,15 @@
-"""The trimmed drafter: any causal-LM body with an LM head that keeps only the chosen vocabulary rows.
+"""The trimmed drafter model: any causal-LM body with an LM head that keeps only the chosen vocabulary rows.
 
 One source of truth for the vocabulary map: the persistent ``d2t`` buffer holds, for every draft id
 (head row) ``i``, the ABSOLUTE target id ``d2t[i]`` (ascending). Everything else (the ``t2d`` lookup,
 EAGLE-3 offsets, SGLang hot-token lists) is derived from it. The map's SHA-256 is also written into the
 config, so a checkpoint whose map is missing or corrupt is refused at load time instead of silently
 mapping draft ids to the first N target ids (the classic acceptance-collapse bug).
+
+Shipped with every checkpoint (``auto_map`` names this file and configuration.py), so ``trust_remote_code=True``
+loads a drafter where hf_vocabspec is not installed: this module imports only the standard library, torch,
+transformers and configuration.py. Building a drafter (:func:`~hf_vocabspec.trimming.trim_drafter`) and checking
+it against a target (:mod:`hf_vocabspec.compatibility`) live in the package, not here.
 """
 
 from __future__ import annotations
@@ -17,89 +22,30 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoModelForCausalLM,
-    GenerationConfig,
-    GenerationMixin,
-    PreTrainedConfig,
-    PreTrainedModel,
-)
+from transformers import AutoModel, AutoModelForCausalLM, GenerationMixin, PreTrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-MODEL_TYPE = "hf_vocabspec_trimmed_drafter"
+from .configuration import MODEL_TYPE, TrimmedDrafterConfig, VocabularyMapError, check_batched_speculation
 
-# Defaults written into a freshly trimmed drafter's generation_config (users may change them; a value
-# passed to `target.generate(num_assistant_tokens=...)` wins, see generation.py).
-DEFAULT_NUM_ASSISTANT_TOKENS = 5
-DEFAULT_CONFIDENCE_THRESHOLD = 0.0
-# Values of a drafter's ``generation_config.batched_speculation`` (the batched loop's fallback rule; the one home of
-# the valid values): "auto" decides from measured rounds, "on"/"off" force speculation / plain decoding.
-SPECULATION_MODES = ("auto", "on", "off")
-
-
-class VocabularyMapError(ValueError):
-    """The draft-id -> target-id map is missing, corrupt, or does not fit the model it is used with."""
-
-
-class TrimmedDrafterConfig(PreTrainedConfig):
-    """Config of a :class:`TrimmedDrafter`.
-
-    ``drafter_config`` is the wrapped body's own config (as a dict) so any architecture round-trips;
-    ``vocab_size`` is the FULL (target) vocabulary the drafter reads and proposes in;
-    ``draft_vocab_size`` is the number of LM-head rows kept.
-    """
-
-    model_type = MODEL_TYPE
-
-    drafter_config: dict | None = None
-    vocab_size: int = 0
-    draft_vocab_size: int = 0
-    vocab_map_sha256: str | None = None
-    target_model: str | None = None
-    target_tokenizer_sha256: str | None = None
-    base_drafter: str | None = None
-    selection: dict | None = None
-    rdk: dict | None = None  # RDK kernel metadata (num_targets, method, fit info); None = no kernel
-    # Draft pruned tokens that already occur in the context (see generation.DraftVocabulary); the runtime
-    # switch is `drafter.use_context_tokens`, this is its default when the drafter is loaded. trim_drafter
-    # turns it on when the base ties its embeddings; older checkpoints (no field) keep it off.
-    context_tokens: bool = False
-    max_context_tokens: int = 2048
-    # Pruned LM-head rows kept for context tokens when the base's head is NOT tied to its input embedding
-    # (buffers `context_head` (C, hidden) and `context_ids` (C,) ascending target ids); 0 = none kept.
-    context_head_size: int = 0
-    # Verify with hf_vocabspec.verify_head (the target's LM head reading its weight once for the L+1 rows);
-    # the runtime switch is `drafter.use_verify_head`, this is its default when the drafter is loaded.
-    verify_head: bool = True
-    tie_word_embeddings: bool = False
-
-    def body_config(self) -> PreTrainedConfig:
-        if not self.drafter_config:
-            raise VocabularyMapError(
-                "This TrimmedDrafter config has no `drafter_config` (the wrapped model's config). "
-                "Re-create the drafter with `hf_vocabspec.trim_drafter(base_model, keep_token_ids)`."
-            )
-        cfg = dict(self.drafter_config)
-        for key in ("dtype", "torch_dtype"):  # the body follows the drafter's dtype (from_pretrained(dtype=...)),
-            cfg.pop(key, None)  # not the dtype its base was saved in (else only the head is converted)
-        return AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+__all__ = [
+    "TrimmedDrafter",
+    "cache_kwarg",
+    "forward_has_cache",
+    "model_body",
+    "output_cache",
+    "position_limit",
+    "vocab_map_sha256",
+]
 
 
 def vocab_map_sha256(d2t: torch.Tensor) -> str:
+    """Checksum of the vocabulary map (written to config.json, checked at load time)."""
     return hashlib.sha256(d2t.detach().to("cpu", torch.int64).contiguous().numpy().tobytes()).hexdigest()
-
-
-def tokenizer_sha256(tokenizer) -> str:
-    """Fingerprint of a tokenizer's token -> id table (drafter and target must share it)."""
-    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
-    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
 
 
 def model_body(model: PreTrainedModel) -> nn.Module:
@@ -138,55 +84,6 @@ def output_cache(out):
     return cache if cache is not None else getattr(out, "past_key_values", None)
 
 
-def target_rows(target) -> int:
-    """The target's id space: its config's vocab_size or its head's rows, whichever is larger (padded heads)."""
-    sizes = [int(getattr(target.config.get_text_config(), "vocab_size", 0) or 0)]
-    head = target.get_output_embeddings() if hasattr(target, "get_output_embeddings") else None
-    if head is not None and getattr(head, "weight", None) is not None:
-        sizes.append(int(head.weight.shape[0]))
-    return max(sizes)
-
-
-def vocab_fit_error(drafter_vocab: int, target_vocab: int) -> str | None:
-    """Why a drafter's id space cannot serve a target (None: it can): every draft id must be a row of the target.
-    A target whose embedding is padded past its tokenizer fits (Qwen2.5-7B has 152,064 rows, its 0.5B drafter
-    151,936 ids: same tokenizer); a drafter with more ids than the target has rows does not. The ONE rule, used by
-    generate, load_drafter, the CLI and SSD (the tokenizer fingerprint is checked beside it where a tokenizer is
-    known)."""
-    if drafter_vocab > target_vocab:
-        return (f"This trimmed drafter maps into a vocabulary of {drafter_vocab:,} tokens but the target has "
-                f"{target_vocab:,}: drafter and target must share a tokenizer")
-    return None
-
-
-def check_draft_length(num_assistant_tokens: object) -> None:
-    """Refuse a draft length that is not a positive integer (the drafter drafts that many tokens per round)."""
-    n = num_assistant_tokens
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"num_assistant_tokens must be a positive integer (got {n!r}): the drafter drafts that many "
-                         "tokens per round.")
-
-
-def check_confidence_threshold(value: object) -> float:
-    """Refuse a confidence threshold outside [0, 1) (0: never stop drafting early); return it as a float."""
-    try:
-        threshold = float(value)
-    except (TypeError, ValueError):
-        threshold = float("nan")
-    if not 0.0 <= threshold < 1.0:
-        raise ValueError(f"confidence_threshold must be in [0, 1) (0: no early stop); got {value!r}.")
-    return threshold
-
-
-def check_batched_speculation(value: object, *,
-                              fix: str = "set drafter.generation_config.batched_speculation to one of them") -> str:
-    """Refuse a batched-speculation rule outside SPECULATION_MODES (at every batch size, on load and on save: a value
-    only read at batch > 1 would otherwise ride along unnoticed); return it."""
-    if not isinstance(value, str) or value not in SPECULATION_MODES:
-        raise ValueError(f"batched_speculation must be one of {SPECULATION_MODES} (got {value!r}): {fix}.")
-    return value
-
-
 def position_limit(model) -> int | None:
     """The most positions ``model`` handles, read under the names architectures use (GPT-2's ``n_positions``, ...);
     a trimmed drafter's is its body's (its own config has none). None where no limit is declared."""
@@ -201,23 +98,6 @@ def position_limit(model) -> int | None:
     limits = [v for v in (getattr(config, n, None) for n in names) if isinstance(v, int) and not isinstance(v, bool)
               and v > 0]
     return min(limits) if limits else None
-
-
-def set_draft_length(generation_config: GenerationConfig, num_assistant_tokens: int,
-                     confidence_threshold: float = DEFAULT_CONFIDENCE_THRESHOLD) -> GenerationConfig:
-    """Draft ``num_assistant_tokens`` tokens every round (constant schedule); with ``confidence_threshold`` > 0,
-    stop a round's drafting early after a draft the drafter gives less probability than that (transformers'
-    ``assistant_confidence_threshold``, greedy or sampled; 0: always the full L).
-
-    The one place an assistant's drafting schedule is set (trimmed drafters and HF-assisted baselines alike),
-    so methods compared side by side draft the same way.
-    """
-    check_draft_length(num_assistant_tokens)
-    threshold = check_confidence_threshold(confidence_threshold)
-    generation_config.num_assistant_tokens = num_assistant_tokens
-    generation_config.num_assistant_tokens_schedule = "constant"
-    generation_config.assistant_confidence_threshold = threshold
-    return generation_config
 
 
 def _head_transform(body_config: PreTrainedConfig):
@@ -268,14 +148,43 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
             self._register_rdk_buffers(int(config.rdk["num_targets"]))
         if config.context_head_size:
             self._register_context_head(int(config.context_head_size), body_config.hidden_size)
-        # Runtime switch for RDK sampling (only read when a kernel is attached and do_sample=True).
-        self.use_rdk = bool((config.rdk or {}).get("enabled", True))
-        # Runtime switch for context tokens (greedy and sampling): pruned ids seen in the context get
-        # head rows on the fly from the (tied) embedding matrix, so the drafter can propose them.
-        self.use_context_tokens = bool(config.context_tokens)
-        # Runtime switch for the verify-time LM head of the target (verify_head.py, issue #15).
-        self.use_verify_head = bool(getattr(config, "verify_head", True))
         self.post_init()
+
+    # --- runtime switches: views of their config fields (one value: what a call uses is what a save writes) ----
+    @property
+    def use_context_tokens(self):
+        """Draft pruned tokens already in the context (greedy and sampling): they get head rows on the fly from the
+        tied embedding or the kept ``context_head``. The value of ``config.context_tokens``."""
+        return self.config.context_tokens
+
+    @use_context_tokens.setter
+    def use_context_tokens(self, value) -> None:
+        self.config.context_tokens = value
+
+    @property
+    def use_verify_head(self):
+        """Verify through the target's verify-time LM head (hf_vocabspec.verify_head). The value of
+        ``config.verify_head``."""
+        return getattr(self.config, "verify_head", True)
+
+    @use_verify_head.setter
+    def use_verify_head(self, value) -> None:
+        self.config.verify_head = value
+
+    @property
+    def use_rdk(self):
+        """Sample through the attached RDK kernel (read only under do_sample=True); False without a kernel. The value
+        of ``config.rdk["enabled"]``."""
+        return self.config.rdk.get("enabled", True) if self.config.rdk else False
+
+    @use_rdk.setter
+    def use_rdk(self, value) -> None:
+        if not self.config.rdk:
+            if value:
+                raise ValueError("This drafter has no RDK kernel to switch on: attach one with "
+                                 "drafter.set_rdk_kernel(kernel).")
+            return
+        self.config.rdk = {**self.config.rdk, "enabled": value}
 
     # --- pruned head rows for context tokens (untied heads) ---------------------------------------------
     def _register_context_head(self, rows: int, hidden: int) -> None:
@@ -317,7 +226,6 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
             for name in ("rdk_targets", "rdk_weights"):
                 self._buffers.pop(name, None)
             self.config.rdk = None
-            self.use_rdk = False
             return
         kernel = kernel.normalized().validate()
         if not torch.equal(kernel.d2t.cpu(), self.d2t.cpu()) or kernel.vocab_size != self.config.vocab_size:
@@ -330,7 +238,6 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
         self.rdk_weights = kernel.weights.to(self.d2t.device)
         self.config.rdk = {"num_targets": kernel.num_targets, "method": kernel.method, "enabled": enabled,
                            "moved_mass": round(kernel.moved_mass, 6), **_jsonable(kernel.info)}
-        self.use_rdk = enabled
 
     def validate_rdk_buffers(self) -> None:
         """Refuse a kernel announced in config.json that the weights lack or hold corrupt (torch-only check,
@@ -639,6 +546,13 @@ def _check_local_checkpoint(path: str) -> None:
     if rdk is not None and (not isinstance(rdk, dict) or isinstance(rdk.get("num_targets"), bool)
                             or not isinstance(rdk.get("num_targets"), int) or rdk["num_targets"] < 1):
         raise OSError(f"{bad} has a config.json whose `rdk` entry is bad: {fix}.")
+    selection, rows = cfg.get("selection"), cfg.get("eval_results")  # shapes: configuration.SelectionInfo / EvalResultRow
+    if selection is not None and not isinstance(selection, dict):
+        raise OSError(f"{bad} has a config.json whose `selection` entry is not an object: {fix}.")
+    if rows is not None and (not isinstance(rows, list) or not all(
+            isinstance(r, dict) and {"metric_type", "metric_value", "dataset_name"} <= set(r) for r in rows)):
+        raise OSError(f"{bad} has a config.json whose `eval_results` entry is not a list of "
+                      f"{{metric_type, metric_value, dataset_name}} objects: {fix}.")
     shapes = _safetensors_shapes(path)
     if shapes is None:
         return  # no local safetensors (sharded elsewhere, or missing): transformers reports it
@@ -705,202 +619,8 @@ def _jsonable(info: dict) -> dict:
     return json.loads(json.dumps(info, default=str))
 
 
-def _as_id_list(keep_token_ids: Iterable[int] | torch.Tensor) -> list[int]:
-    if isinstance(keep_token_ids, torch.Tensor):
-        if keep_token_ids.dtype.is_floating_point or keep_token_ids.dtype == torch.bool:
-            raise TypeError("keep_token_ids must hold integer token ids (got a floating/bool tensor).")
-        return [int(i) for i in keep_token_ids.flatten().tolist()]
-    ids = list(keep_token_ids)
-    for i in ids:
-        if isinstance(i, bool) or not isinstance(i, int) and not (hasattr(i, "__index__")):
-            raise TypeError(f"keep_token_ids must hold integer token ids; got {i!r}.")
-    return [int(i) for i in ids]
-
-
-def chat_template_special_ids(tokenizer) -> list[int]:
-    """Special tokens the chat template emits (e.g. <|im_start|>, <end_of_turn>).
-
-    Not every "special" added token: Gemma's tokenizer marks 6,249 of them special (mostly unused
-    placeholders); forcing all into the head would waste a third of a 20k-row head.
-    """
-    if not getattr(tokenizer, "chat_template", None):
-        return []
-    special = {i for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if getattr(t, "special", False)}
-    found: set[int] = set()
-    convos = (
-        [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}],
-        [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}],
-    )
-    for convo in convos:
-        for gen_prompt in (False, True):
-            try:
-                text = tokenizer.apply_chat_template(convo, tokenize=False, add_generation_prompt=gen_prompt)
-            except Exception:  # noqa: BLE001 - some templates reject a system turn
-                continue
-            found.update(i for i in tokenizer(text, add_special_tokens=False)["input_ids"] if i in special)
-    return sorted(found)
-
-
-def special_token_ids(model: PreTrainedModel | None = None, tokenizer=None) -> list[int]:
-    """Ids that must always stay draftable: EOS/BOS/PAD, the tokenizer's named special tokens, chat-template tokens."""
-    ids: set[int] = set()
-
-    def add(v):
-        if v is None:
-            return
-        if isinstance(v, (list, tuple)):
-            for x in v:
-                add(x)
-        elif isinstance(v, torch.Tensor):
-            add(v.flatten().tolist())
-        else:
-            ids.add(int(v))
-
-    if model is not None:
-        for cfg in (model.config, getattr(model, "generation_config", None)):
-            if cfg is None:
-                continue
-            for name in ("eos_token_id", "bos_token_id", "pad_token_id"):
-                add(getattr(cfg, name, None))
-    if tokenizer is not None:
-        add(tokenizer.all_special_ids)
-        add(chat_template_special_ids(tokenizer))
-    return sorted(ids)
-
-
-def check_tokenizer_belongs(model: PreTrainedModel, tokenizer) -> None:
-    """Refuse a tokenizer that cannot be ``model``'s: ids beyond its embedding, far fewer tokens than its rows
-    (padding to a multiple is common, a different tokenizer family is not), or BOS/EOS ids the model does not
-    use. Kept ids and special tokens come from the tokenizer, so a wrong one silently trims the wrong rows."""
-    name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
-    rows = model.get_input_embeddings().weight.shape[0]
-    n = len(tokenizer) if hasattr(tokenizer, "__len__") else rows  # duck-typed tokenizers: special ids only
-    fix = "pass the tokenizer that belongs to this drafter (the target's, which the drafter shares)."
-    if n > rows:
-        raise ValueError(f"Tokenizer {name!r} has {n} tokens but the drafter's embedding has only {rows} rows: {fix}")
-    if rows - n > max(1024, rows // 64):
-        raise ValueError(f"Tokenizer {name!r} has {n} tokens but the drafter's embedding has {rows} rows (more than "
-                         f"padding): {fix}")
-    config = model.config.get_text_config()
-    gen = getattr(model, "generation_config", None)
-    for kind in ("bos", "eos"):
-        tok_id = getattr(tokenizer, f"{kind}_token_id", None)
-        ids = set()
-        for source in (config, gen):
-            value = getattr(source, f"{kind}_token_id", None) if source is not None else None
-            ids.update(value if isinstance(value, (list, tuple)) else [] if value is None else [value])
-        if tok_id is not None and ids and tok_id not in ids:
-            raise ValueError(f"Tokenizer {name!r} has {kind.upper()} id {tok_id} but the drafter's config uses "
-                             f"{sorted(ids)}: {fix}")
-
-
-def trim_drafter(
-    model: PreTrainedModel,
-    keep_token_ids: Sequence[int] | torch.Tensor,
-    *,
-    tokenizer=None,
-    target_model: str | None = None,
-    always_keep_special_tokens: bool = True,
-    selection: dict | None = None,
-    keep_pruned_rows: bool = True,
-) -> TrimmedDrafter:
-    """Build a :class:`TrimmedDrafter` from any HF causal LM, keeping only ``keep_token_ids`` in its head.
-
-    Special tokens (EOS/BOS/PAD, and the tokenizer's special and chat-template tokens when ``tokenizer``
-    is given) are always kept so the drafter can end a turn. The body is reused (not copied); the kept
-    head rows are copied, so tied embeddings become untied.
-
-    Context tokens (pruned ids already in the context, drafted with their own head rows) are on by default.
-    A tied base reads those rows from its input embedding (free); for an UNTIED head the pruned rows are
-    copied into the ``context_head`` buffer (read only for context rows, never in the per-token GEMV), which
-    costs (V - K) x hidden x dtype bytes of memory and disk: the drafter's head is stored whole again.
-    ``keep_pruned_rows=False`` drops them (smaller checkpoint, context tokens off for untied heads).
-    """
-    if isinstance(model, TrimmedDrafter):
-        raise ValueError("This model is already trimmed: trim the original (untrimmed) drafter instead.")
-    if getattr(model, "_is_stateful", False):
-        raise ValueError(f"{type(model).__name__} is a stateful (recurrent) model: transformers' assisted generation "
-                         "does not support it, so it cannot draft. Trim a transformer drafter instead.")
-    head = model.get_output_embeddings()
-    if head is None or not hasattr(head, "weight"):
-        raise ValueError(f"{type(model).__name__} has no LM head (get_output_embeddings() is None): pass a causal LM.")
-    body = model_body(model)
-    full_vocab = head.weight.shape[0]
-    config_vocab = model.config.get_text_config().vocab_size
-    vocab_size = max(full_vocab, config_vocab)
-
-    ids = _as_id_list(keep_token_ids)
-    if not ids:
-        raise ValueError("keep_token_ids is empty: keep at least the tokens your workload uses.")
-    if tokenizer is not None:
-        check_tokenizer_belongs(model, tokenizer)
-    bad = [i for i in ids if i < 0 or i >= full_vocab]
-    if bad:
-        raise ValueError(
-            f"keep_token_ids has {len(bad)} id(s) outside the drafter's vocabulary [0, {full_vocab}), e.g. {bad[:5]}: "
-            "were they counted with a different tokenizer? Count with the target's tokenizer."
-        )
-    if len(set(ids)) != len(ids):
-        dup = len(ids) - len(set(ids))
-        raise ValueError(f"keep_token_ids has {dup} duplicate id(s): pass unique ids, e.g. sorted(set(ids)).")
-    forced = special_token_ids(model, tokenizer) if always_keep_special_tokens else []
-    forced = [i for i in forced if 0 <= i < full_vocab]
-    d2t = torch.tensor(sorted(set(ids) | set(forced)), dtype=torch.long)
-
-    body_cfg = body.config.to_dict()
-    body_cfg.pop("_name_or_path", None)
-    pruned = torch.ones(full_vocab, dtype=torch.bool)
-    pruned[d2t] = False
-    pruned = pruned.nonzero().flatten()
-    keep_untied = bool(keep_pruned_rows) and not body_cfg.get("tie_word_embeddings", False) and pruned.numel() > 0
-    config = TrimmedDrafterConfig(
-        drafter_config=body_cfg,
-        vocab_size=vocab_size,
-        draft_vocab_size=int(d2t.numel()),
-        vocab_map_sha256=vocab_map_sha256(d2t),
-        target_model=target_model,
-        target_tokenizer_sha256=tokenizer_sha256(tokenizer) if tokenizer is not None else None,
-        base_drafter=getattr(model.config, "_name_or_path", None) or None,
-        selection=selection,
-        bos_token_id=getattr(model.config.get_text_config(), "bos_token_id", None),
-        eos_token_id=getattr(model.config.get_text_config(), "eos_token_id", None),
-        pad_token_id=getattr(model.config.get_text_config(), "pad_token_id", None),
-        # on wherever the pruned rows stay reachable (tied embeddings, or kept rows of an untied head):
-        # lossless, and it recovers most of what pruning costs on chat text (README, docs/rdk.md section 8)
-        context_tokens=bool(body_cfg.get("tie_word_embeddings", False)) or keep_untied,
-        context_head_size=len(pruned) if keep_untied else 0,
-    )
-    dtype = head.weight.dtype
-    with torch.device("meta"):
-        drafter = TrimmedDrafter(config)
-    drafter.model = body
-    weight = head.weight.detach()[d2t.to(head.weight.device)].clone()
-    drafter.lm_head = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=dtype)
-    drafter.lm_head.weight.data.copy_(weight)
-    drafter.d2t = d2t.to(weight.device)
-    if keep_untied:
-        drafter.context_ids = pruned.to(weight.device)
-        drafter.context_head = head.weight.detach()[drafter.context_ids].clone()
-    drafter.config.dtype = dtype
-    drafter._head_transform = _head_transform(body.config)
-    gen = GenerationConfig.from_model_config(model.config) if getattr(model, "generation_config", None) is None else (
-        GenerationConfig.from_dict(model.generation_config.to_dict())
-    )
-    gen._from_model_config = False  # else transformers drops our own fields (batched_speculation) when loading it
-    drafter.generation_config = set_draft_length(gen, DEFAULT_NUM_ASSISTANT_TOKENS)
-    leftovers = [n for n, p in list(drafter.named_parameters()) + list(drafter.named_buffers()) if p.is_meta]
-    if leftovers:
-        raise RuntimeError(f"trim_drafter left uninitialised tensors: {leftovers[:5]}")
-    drafter.validate_vocab_map()
-    drafter.validate_context_head()
-    drafter.eval()
-    return drafter
-
-
-AutoConfig.register(MODEL_TYPE, TrimmedDrafterConfig, exist_ok=True)
 AutoModelForCausalLM.register(TrimmedDrafterConfig, TrimmedDrafter, exist_ok=True)
 
-# Ship the code with every checkpoint (auto_map + drafter.py), so `trust_remote_code=True` loads a drafter
-# where hf_vocabspec is not installed. This module imports only torch and transformers for that reason.
-TrimmedDrafterConfig.register_for_auto_class()
+# Ship the code with every checkpoint (auto_map + modeling.py + configuration.py), so `trust_remote_code=True` loads a
+# drafter where hf_vocabspec is not installed. This module imports only torch and transformers for that reason.
 TrimmedDrafter.register_for_auto_class("AutoModelForCausalLM")

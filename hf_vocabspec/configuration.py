@@ -1,0 +1,242 @@
+"""What a trimmed drafter saves: its config (config.json) and its drafting settings (generation_config.json).
+
+:class:`TrimmedDrafterConfig` declares every field of a drafter's config.json with its type and meaning; the
+free-form entries have typed shapes (:class:`RDKInfo`, :class:`SelectionInfo`, :class:`EvalResultRow`), which
+are plain dicts at run time, so config.json round-trips unchanged and checkpoints saved before the shapes were
+declared load as they are. The drafting settings a drafter carries in its generation_config (draft length,
+confidence threshold, the batched loop's rule) have their defaults, valid values and checks here too.
+
+Runtime switches are not a second copy of these fields: ``drafter.use_context_tokens``, ``drafter.use_verify_head``
+and ``drafter.use_rdk`` read and write ``config.context_tokens``, ``config.verify_head`` and ``config.rdk["enabled"]``
+(see :class:`~hf_vocabspec.modeling.TrimmedDrafter`), so what a call uses and what a save writes are one value.
+
+Shipped with every checkpoint (beside modeling.py, as ``trust_remote_code`` code): imports only the standard library,
+torch and transformers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+from transformers import AutoConfig, GenerationConfig, PreTrainedConfig
+
+__all__ = [
+    "DEFAULT_CONFIDENCE_THRESHOLD",
+    "DEFAULT_NUM_ASSISTANT_TOKENS",
+    "MODEL_TYPE",
+    "SPECULATION_MODES",
+    "EvalResultRow",
+    "RDKInfo",
+    "SelectionInfo",
+    "TrimmedDrafterConfig",
+    "VocabularyMapError",
+    "check_batched_speculation",
+    "check_confidence_threshold",
+    "check_draft_length",
+    "set_draft_length",
+]
+
+MODEL_TYPE = "hf_vocabspec_trimmed_drafter"
+
+# Defaults written into a freshly trimmed drafter's generation_config (users may change them; a value
+# passed to `target.generate(num_assistant_tokens=...)` wins, see generation/hooks.py).
+DEFAULT_NUM_ASSISTANT_TOKENS = 5
+DEFAULT_CONFIDENCE_THRESHOLD = 0.0
+# Values of a drafter's ``generation_config.batched_speculation`` (the batched loop's fallback rule; the one home of
+# the valid values): "auto" decides from measured rounds, "on"/"off" force speculation / plain decoding.
+SPECULATION_MODES = ("auto", "on", "off")
+
+
+class VocabularyMapError(ValueError):
+    """The draft-id -> target-id map is missing, corrupt, or does not fit the model it is used with."""
+
+
+# --- typed shapes of config.json's structured entries (plain dicts at run time) ----------------------------------
+# (required keys in a total base class, optional ones in a total=False subclass: typing.Required is Python 3.11+)
+class _RDKRequired(TypedDict):
+    num_targets: int
+    """Pruned target ids each kept row may move probability mass to (the buffers' second dimension)."""
+
+
+class RDKInfo(_RDKRequired, total=False):
+    """``config.rdk``: the attached RDK kernel (out-of-vocabulary sampling, see hf_vocabspec.rdk); None = no kernel.
+
+    The kernel's own fit record (``kernel.info``: objective, shrink, temperature, held-out scores, ...) rides along
+    under further keys."""
+
+    method: str
+    """How the kernel was built: "fitted" (on the target's distributions) or "prior" (embedding similarity)."""
+    enabled: bool
+    """Whether sampling uses the kernel; the runtime switch ``drafter.use_rdk`` is this value."""
+    moved_mass: float
+    """Mean probability mass the kernel moves from kept rows to pruned ids."""
+
+
+class SelectionInfo(TypedDict, total=False):
+    """``config.selection``: how the kept vocabulary was chosen (written by select/trim/tune/demo; shown on the card).
+
+    Every key is optional; a producer may add its own (they ride along and show in the card's table)."""
+
+    method: str
+    """The selection procedure, e.g. "top-k by assistant-token count"."""
+    k: int
+    """Kept size asked for (the drafter's ``draft_vocab_size`` adds the always-kept special tokens)."""
+    coverage: float
+    """Share of the counted assistant tokens the kept vocabulary covers."""
+    held_out_coverage: float
+    """The same share on held-out counts."""
+    min_coverage: float | None
+    """The coverage floor the selection had to meet (None for a fixed k)."""
+    objective: str
+    """What the selection optimised ("fixed k", "utility", ...)."""
+    value: float
+    """The objective's value at the chosen k."""
+    cost_source: str | None
+    """Where the draft cost came from (measured latency curve, FLOP model)."""
+    dataset: str | None
+    """The data the tokens were counted on."""
+    count_examples: int
+    """Conversations counted."""
+    mode: str
+    """Tune's decoding mode ("greedy", "t1", ...)."""
+    num_draft_tokens: int
+    """Tune's chosen draft length L."""
+    confidence_threshold: float
+    """Tune's chosen confidence threshold (0: none)."""
+    context_tokens: bool
+    """Tune's choice of context tokens."""
+    predicted_speedup: float
+    """Predicted speedup over target-only decoding at the chosen setting."""
+    predicted_tokens_per_s: float
+    """Predicted tokens per second at the chosen setting."""
+    pareto: list[dict[str, Any]]
+    """Pareto front of the selection: ``[{"k", "coverage", "relative_cost"}]`` (the card's table)."""
+
+
+class _EvalResultRequired(TypedDict):
+    metric_type: str
+    """e.g. "acceptance_rate", "speedup_vs_hf_assisted"."""
+    metric_value: float
+    """The measured value."""
+    dataset_name: str
+    """The data it was measured on, e.g. "offline:sharegpt (held-out)"."""
+
+
+class EvalResultRow(_EvalResultRequired, total=False):
+    """One row of ``config.eval_results``: a measured number for the model card's model-index."""
+
+    metric_name: str
+    """Display name (default: metric_type)."""
+    dataset_type: str
+    """Hub dataset id (default: derived from dataset_name)."""
+    task_type: str
+    """Default "text-generation"."""
+    source_name: str
+    """Who measured it (with source_url)."""
+    source_url: str
+    """Where the measurement is described."""
+
+
+class TrimmedDrafterConfig(PreTrainedConfig):
+    """Config of a :class:`~hf_vocabspec.modeling.TrimmedDrafter`: every field it saves to config.json."""
+
+    model_type = MODEL_TYPE
+
+    drafter_config: dict[str, Any] | None = None
+    """The wrapped body's own config (its ``to_dict()``), so any architecture round-trips."""
+    vocab_size: int = 0
+    """The FULL (target) vocabulary the drafter reads and proposes in: the ids ``d2t`` maps into."""
+    draft_vocab_size: int = 0
+    """The number of LM-head rows kept (the kept size k, special tokens included)."""
+    vocab_map_sha256: str | None = None
+    """SHA-256 of the ``d2t`` map: a checkpoint whose map is missing or corrupt is refused at load time."""
+    target_model: str | None = None
+    """The target the drafter was trimmed for (a name or path; informational)."""
+    target_tokenizer_sha256: str | None = None
+    """Fingerprint of the tokenizer the drafter was trimmed with (hf_vocabspec.compatibility.tokenizer_sha256)."""
+    base_drafter: str | None = None
+    """The untrimmed model the drafter was cut from."""
+    selection: SelectionInfo | None = None
+    """How the kept vocabulary was chosen (:class:`SelectionInfo`)."""
+    eval_results: list[EvalResultRow] | None = None
+    """Measured numbers for the model card (:class:`EvalResultRow`); None: none recorded."""
+    rdk: RDKInfo | None = None
+    """The attached RDK kernel (:class:`RDKInfo`); None = no kernel."""
+    context_tokens: bool = False
+    """Draft pruned tokens that already occur in the context (see generation.DraftVocabulary). The runtime switch
+    ``drafter.use_context_tokens`` reads and writes this field. trim_drafter turns it on wherever the pruned rows
+    stay reachable; checkpoints saved without the field keep it off."""
+    max_context_tokens: int = 2048
+    """At most this many context tokens are added to the draft vocabulary per generate call."""
+    context_head_size: int = 0
+    """Pruned LM-head rows kept for context tokens when the base's head is NOT tied to its input embedding (buffers
+    ``context_head`` (C, hidden) and ``context_ids`` (C,), ascending target ids); 0 = none kept."""
+    verify_head: bool = True
+    """Verify with hf_vocabspec.verify_head (the target's LM head reading its weight once for the L+1 rows). The
+    runtime switch ``drafter.use_verify_head`` reads and writes this field."""
+    tie_word_embeddings: bool = False
+    """The drafter's own head is never tied (its kept rows are a copy); the body's tying is in drafter_config."""
+
+    def body_config(self) -> PreTrainedConfig:
+        """The wrapped body's config object (built from ``drafter_config``)."""
+        if not self.drafter_config:
+            raise VocabularyMapError(
+                "This TrimmedDrafter config has no `drafter_config` (the wrapped model's config). "
+                "Re-create the drafter with `hf_vocabspec.trim_drafter(base_model, keep_token_ids)`."
+            )
+        cfg = dict(self.drafter_config)
+        for key in ("dtype", "torch_dtype"):  # the body follows the drafter's dtype (from_pretrained(dtype=...)),
+            cfg.pop(key, None)  # not the dtype its base was saved in (else only the head is converted)
+        return AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+
+
+# --- the drafting settings of a drafter's generation_config ---------------------------------------------------------
+def check_draft_length(num_assistant_tokens: object) -> None:
+    """Refuse a draft length that is not a positive integer (the drafter drafts that many tokens per round)."""
+    n = num_assistant_tokens
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"num_assistant_tokens must be a positive integer (got {n!r}): the drafter drafts that many "
+                         "tokens per round.")
+
+
+def check_confidence_threshold(value: object) -> float:
+    """Refuse a confidence threshold outside [0, 1) (0: never stop drafting early); return it as a float."""
+    try:
+        threshold = float(value)
+    except (TypeError, ValueError):
+        threshold = float("nan")
+    if not 0.0 <= threshold < 1.0:
+        raise ValueError(f"confidence_threshold must be in [0, 1) (0: no early stop); got {value!r}.")
+    return threshold
+
+
+def check_batched_speculation(value: object, *,
+                              fix: str = "set drafter.generation_config.batched_speculation to one of them") -> str:
+    """Refuse a batched-speculation rule outside SPECULATION_MODES (at every batch size, on load and on save: a value
+    only read at batch > 1 would otherwise ride along unnoticed); return it."""
+    if not isinstance(value, str) or value not in SPECULATION_MODES:
+        raise ValueError(f"batched_speculation must be one of {SPECULATION_MODES} (got {value!r}): {fix}.")
+    return value
+
+
+def set_draft_length(generation_config: GenerationConfig, num_assistant_tokens: int,
+                     confidence_threshold: float = DEFAULT_CONFIDENCE_THRESHOLD) -> GenerationConfig:
+    """Draft ``num_assistant_tokens`` tokens every round (constant schedule); with ``confidence_threshold`` > 0,
+    stop a round's drafting early after a draft the drafter gives less probability than that (transformers'
+    ``assistant_confidence_threshold``, greedy or sampled; 0: always the full L).
+
+    The one place an assistant's drafting schedule is set (trimmed drafters and HF-assisted baselines alike),
+    so methods compared side by side draft the same way.
+    """
+    check_draft_length(num_assistant_tokens)
+    threshold = check_confidence_threshold(confidence_threshold)
+    generation_config.num_assistant_tokens = num_assistant_tokens
+    generation_config.num_assistant_tokens_schedule = "constant"
+    generation_config.assistant_confidence_threshold = threshold
+    return generation_config
+
+
+AutoConfig.register(MODEL_TYPE, TrimmedDrafterConfig, exist_ok=True)
+# Ship the code with every checkpoint (auto_map + configuration.py), so `trust_remote_code=True` loads a drafter
+# where hf_vocabspec is not installed.
+TrimmedDrafterConfig.register_for_auto_class()
