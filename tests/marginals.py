@@ -121,3 +121,48 @@ def pruned_drafter(kind="llama", n_pruned=24, seed=0):
     drafter = hf_vocabspec.trim_drafter(base, keep)
     assert probe not in drafter.d2t.tolist()
     return target, drafter, probe
+
+
+# --- SSD: three sampled tokens against the exact target marginals (tests/test_ssd.py, test_ssd_worker.py) ----------
+SSD_DRAWS = 600  # SSD draws cost more (a tree per round); the power check fails at p ~ 1e-36 with 600
+SSD_PROMPT = torch.tensor([[1, 5, 7, 12, 9]])
+
+
+@torch.no_grad()
+def exact_marginals3(target, prompt, knobs) -> list[torch.Tensor]:
+    """Exact distributions of generated tokens 1, 2, 3 under target-only sampling (vocabulary enumerated)."""
+    procs = reference_processors(**knobs)
+
+    def cond(ctx):  # (N, n) contexts -> (N, V) next-token distributions
+        return procs(ctx, target(ctx).logits[:, -1].float()).softmax(-1).double()
+
+    p1 = cond(prompt)[0]
+    ctx1 = torch.cat([prompt.repeat(VOCAB, 1), torch.arange(VOCAB)[:, None]], dim=1)
+    p2_given = cond(ctx1)  # (V, V)
+    joint12 = p1[:, None] * p2_given
+    ctx2 = torch.cat([ctx1.repeat_interleave(VOCAB, 0), torch.arange(VOCAB).repeat(VOCAB)[:, None]], dim=1)
+    p3 = joint12.reshape(-1) @ cond(ctx2)
+    return [p1, joint12.sum(0), p3]
+
+
+def check_ssd_lossless(target, session, knobs, n=SSD_DRAWS, seed=1234, prompt=SSD_PROMPT, min_hits=SSD_DRAWS // 10) -> dict:
+    exact = exact_marginals3(target, prompt, knobs)
+    torch.manual_seed(seed)
+    L = prompt.shape[1]
+    samples = torch.empty(n, 3, dtype=torch.long)
+    hits = lookups = context = pruned = 0
+    for i in range(n):
+        seq = target.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True, max_new_tokens=4,
+                              min_new_tokens=4, num_assistant_tokens=2, assistant_model=session,
+                              **({"top_k": 0} | knobs))
+        samples[i] = seq[0, L : L + 3]
+        hits += session.last_stats.hits
+        lookups += session.last_stats.lookups
+        context += session.last_stats.context_proposed
+        pruned += session.last_stats.pruned_proposed
+    result = {f"p{k + 1}": chi2_pvalue(samples[:, k], exact[k]) for k in range(3)}
+    result["hit_rate"], result["context_proposed"], result["pruned_proposed"] = hits / max(lookups, 1), context, pruned
+    assert hits > min_hits, result  # the later tokens really came from cached branches
+    for k in range(3):
+        assert result[f"p{k + 1}"] >= PVALUE_THRESHOLD, result
+    return result

@@ -11,27 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 from marginals import check_lossless
-from tiny import VOCAB, make_pair
+from tiny import VOCAB, context_pair, make_pair  # noqa: F401
 
 import hf_vocabspec
 from hf_vocabspec.generation import DraftVocabulary
-
-
-def context_pair(seed: int = 0, kind: str = "gemma3"):
-    """(target, drafter, prompt, probe): the target's top-3 first tokens are pruned and sit in the prompt."""
-    target, base = make_pair(kind, seed=seed, head_scale=12.0)
-    prompt = torch.tensor([[1, 5, 7, 12, 9]])
-    with torch.no_grad():
-        p1 = target(prompt).logits[0, -1].softmax(-1)
-    top = [t for t in p1.argsort(descending=True).tolist() if t > 2][:3]
-    prompt = torch.cat([prompt, torch.tensor([top])], dim=1)
-    with torch.no_grad():
-        p1 = target(prompt).logits[0, -1].softmax(-1)
-    probe = max((t for t in top), key=lambda t: float(p1[t]))
-    pruned = set(top) | set(range(40, VOCAB))
-    drafter = hf_vocabspec.trim_drafter(base, [t for t in range(VOCAB) if t not in pruned])
-    drafter.use_context_tokens = True
-    return target, drafter, prompt, probe
 
 
 @pytest.fixture(scope="module")

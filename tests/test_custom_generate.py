@@ -15,8 +15,8 @@ import textwrap
 import pytest
 import torch
 from hub_server import client_env, clients_pointed_at, hub_client, local_hub  # noqa: F401 - fixtures
-from test_hub import PROMPT, greedy, tiny_tokenizer
-from tiny import VOCAB, make_pair
+from tiny import HUB_PROMPT as PROMPT
+from tiny import VOCAB, greedy, make_pair, tiny_tokenizer
 
 from hf_vocabspec import VocabularyMapError, trim_drafter
 from hf_vocabspec.hub import (

@@ -344,7 +344,7 @@ def apply_text(data: bytes, mutation, other_ours: bytes) -> bytes:
 
 @pytest.fixture(scope="module")
 def journals(tmp_path_factory):
-    from test_tune import toy_model
+    from tiny import toy_model
 
     from hf_vocabspec.cost import LatencyCurve
     from hf_vocabspec.selection import select_vocabulary, tune

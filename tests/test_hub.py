@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from hub_server import client_env, clients_pointed_at, hub_client, local_hub  # noqa: F401 - fixtures
-from tiny import VOCAB, make_pair
+from tiny import VOCAB, greedy, make_pair, tiny_tokenizer
 
 from hf_vocabspec import (
     TrimmedDrafter,
@@ -40,23 +40,6 @@ PROMPT = [[1, 6, 9, 14, 3]]
 REPO = "user/tiny-drafter"
 PLAIN = "user/plain-model"
 SELECTION = {"k": 47, "coverage": 0.9512, "min_coverage": 0.95, "dataset": "offline:sharegpt"}
-
-
-def tiny_tokenizer(shuffle: bool = False):
-    """A 64-token word-level fast tokenizer matching tiny.VOCAB (``shuffle`` permutes the id table)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    names = ["<pad>", "<s>", "</s>"] + [f"w{i}" for i in range(3, VOCAB)]
-    if shuffle:
-        names = names[:3] + names[3:][::-1]
-    tok = Tokenizer(models.WordLevel({n: i for i, n in enumerate(names)}, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
-
-
-def greedy(target, drafter) -> list[int]:
-    return target.generate(torch.tensor(PROMPT), max_new_tokens=20, do_sample=False, assistant_model=drafter)[0].tolist()
 
 
 @pytest.fixture(scope="module")

@@ -352,3 +352,24 @@ def test_plotting_only_in_the_tooling():
                      if not tooling(name := _module_name(p)) and (lines := matplotlib_imports(p.read_text()))}
     assert plotting_core == {}, f"core modules that plot (move it to hf_vocabspec/evaluation/plots.py): {plotting_core}"
     assert matplotlib_imports("def f():\n    from matplotlib.figure import Figure\n") == [2]  # power
+
+
+# --- tests: shared tiny models and helpers live in tests/tiny.py, tests/marginals.py and tests/conftest.py ---------
+def test_modules_import(source: str) -> list[str]:
+    """Test modules (test_*) that ``source`` imports: each test module stands alone."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        found += [n for n in names if n.split(".")[0].startswith("test_")]
+    return found
+
+
+test_modules_import.__test__ = False  # a helper, not a test
+
+
+def test_test_modules_do_not_import_each_other():
+    tests = Path(__file__).parent
+    found = {p.name: names for p in sorted(tests.glob("*.py")) if (names := test_modules_import(p.read_text()))}
+    assert found == {}, f"move what they share to tests/tiny.py, tests/marginals.py or tests/conftest.py: {found}"
+    assert test_modules_import("def f():\n    from test_ssd import pair\n") == ["test_ssd"]  # power

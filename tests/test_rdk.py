@@ -11,7 +11,7 @@ import pytest
 import torch
 from marginals import PROMPT, check_lossless, pruned_drafter
 from scipy import stats
-from tiny import VOCAB, make_pair
+from tiny import VOCAB, hand_kernel, make_pair
 
 import hf_vocabspec
 from hf_vocabspec import TrimmedDrafter, VocabularyMapError
@@ -44,16 +44,6 @@ def fitted(pair):
     target, _, drafter = pair
     calibration = collect_calibration(target, random_sequences(), top=32, progress=False)
     return fit_rdk_kernel(calibration, drafter.d2t, num_targets=4, min_support=0.1)  # tiny data: low bar
-
-
-def hand_kernel(drafter, towards: list[int], moved=0.35) -> RDKKernel:
-    """Every kept row moves ``moved`` of its mass onto the pruned tokens ``towards`` (equal split)."""
-    k = drafter.d2t.numel()
-    targets = torch.tensor(towards).expand(k, len(towards)).clone()
-    w = torch.zeros(k, len(towards) + 1)
-    w[:, 0] = 1 - moved
-    w[:, 1:] = moved / len(towards)
-    return RDKKernel(drafter.d2t, targets, w, VOCAB, "hand").validate()
 
 
 def test_redistribute_is_exact_dense_product(pair, fitted):

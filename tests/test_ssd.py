@@ -14,8 +14,10 @@ import warnings
 
 import pytest
 import torch
-from test_lossless import chi2_pvalue, reference_processors
-from tiny import EOS, VOCAB, make_pair
+from marginals import SSD_DRAWS as N_DRAWS
+from marginals import SSD_PROMPT as PROMPT
+from marginals import check_ssd_lossless, chi2_pvalue, exact_marginals3, reference_processors  # noqa: F401
+from tiny import EOS, VOCAB, hand_kernel, make_pair
 from transformers import GenerationConfig, LogitsProcessorList
 
 import hf_vocabspec
@@ -24,17 +26,14 @@ from hf_vocabspec.ssd import SSDCandidateGenerator, SSDConfig, SSDSession, SSDSt
 from hf_vocabspec.ssd.saguaro import sample_drafts
 
 PVALUE_THRESHOLD = 1e-3
-N_DRAWS = 600  # 2,000 in test_lossless.py; SSD draws cost more (a tree per round); the power check fails at p ~ 1e-36 with 600
-PROMPT = torch.tensor([[1, 5, 7, 12, 9]])
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models are dispatch-bound: one torch thread is faster and does not fight the other tests."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def pair(ssd_pair):
+    return ssd_pair
 
 
 def generator(drafter, do_sample: bool, L: int = 3, F: int = 2, prompt=PROMPT, **cfg) -> SSDCandidateGenerator:
@@ -120,53 +119,6 @@ def test_hit_rate_is_high_when_the_drafter_is_the_target():
 
 
 # --- sampled marginals against the exact target marginals --------------------------------------------------------
-@torch.no_grad()
-def exact_marginals3(target, prompt, knobs) -> list[torch.Tensor]:
-    """Exact distributions of generated tokens 1, 2, 3 under target-only sampling (vocabulary enumerated)."""
-    procs = reference_processors(**knobs)
-
-    def cond(ctx):  # (N, n) contexts -> (N, V) next-token distributions
-        return procs(ctx, target(ctx).logits[:, -1].float()).softmax(-1).double()
-
-    p1 = cond(prompt)[0]
-    ctx1 = torch.cat([prompt.repeat(VOCAB, 1), torch.arange(VOCAB)[:, None]], dim=1)
-    p2_given = cond(ctx1)  # (V, V)
-    joint12 = p1[:, None] * p2_given
-    ctx2 = torch.cat([ctx1.repeat_interleave(VOCAB, 0), torch.arange(VOCAB).repeat(VOCAB)[:, None]], dim=1)
-    p3 = joint12.reshape(-1) @ cond(ctx2)
-    return [p1, joint12.sum(0), p3]
-
-
-def check_ssd_lossless(target, session, knobs, n=N_DRAWS, seed=1234, prompt=PROMPT, min_hits=N_DRAWS // 10) -> dict:
-    exact = exact_marginals3(target, prompt, knobs)
-    torch.manual_seed(seed)
-    L = prompt.shape[1]
-    samples = torch.empty(n, 3, dtype=torch.long)
-    hits = lookups = context = pruned = 0
-    for i in range(n):
-        seq = target.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True, max_new_tokens=4,
-                              min_new_tokens=4, num_assistant_tokens=2, assistant_model=session,
-                              **({"top_k": 0} | knobs))
-        samples[i] = seq[0, L : L + 3]
-        hits += session.last_stats.hits
-        lookups += session.last_stats.lookups
-        context += session.last_stats.context_proposed
-        pruned += session.last_stats.pruned_proposed
-    result = {f"p{k + 1}": chi2_pvalue(samples[:, k], exact[k]) for k in range(3)}
-    result["hit_rate"], result["context_proposed"], result["pruned_proposed"] = hits / max(lookups, 1), context, pruned
-    assert hits > min_hits, result  # the later tokens really came from cached branches
-    for k in range(3):
-        assert result[f"p{k + 1}"] >= PVALUE_THRESHOLD, result
-    return result
-
-
-@pytest.fixture(scope="module")
-def pair():
-    """Peaked enough that outcomes are predictable (hits), ids >= 48 pruned (they come from the residual)."""
-    target, base = make_pair("llama", seed=0, head_scale=25.0, noise=0.3)
-    return target, hf_vocabspec.trim_drafter(base, [t for t in range(VOCAB) if t < 48])
-
-
 def test_sampling_t1_is_lossless(pair):
     target, drafter = pair
     with SSDSession(drafter, SSDConfig(fan_out=2, fallback=False)) as ssd:
@@ -181,7 +133,6 @@ def test_sampling_saguaro_with_temperature_topk_topp_is_lossless(pair):
 
 def test_sampling_with_rdk_kernel_is_lossless():
     """RDK composes: kept draws moved to pruned neighbours inside the tree, q_RDK = M^T q_C returned."""
-    from test_rdk import hand_kernel
 
     target, base = make_pair("llama", seed=0, head_scale=25.0, noise=0.3)
     drafter = hf_vocabspec.trim_drafter(base, [t for t in range(VOCAB) if t < 48])

@@ -17,14 +17,22 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_ssd import PROMPT, check_ssd_lossless, one_thread, pair  # noqa: F401 (fixtures)
-from tiny import VOCAB, make_pair
+from marginals import SSD_PROMPT as PROMPT
+from marginals import check_ssd_lossless
+from tiny import VOCAB, context_pair, make_pair
 from transformers import LogitsProcessor, StoppingCriteria, StoppingCriteriaList
 
 import hf_vocabspec
 from hf_vocabspec.ssd import PROTOCOL_VERSION, SSDConfig, SSDSession, SSDWorkerError
 from hf_vocabspec.ssd import protocol as p
 from hf_vocabspec.ssd.worker import DraftWorker
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def pair(ssd_pair):
+    return ssd_pair
 
 
 def greedy_pair():
@@ -67,7 +75,6 @@ def test_worker_sampling_with_saguaro_is_lossless(pair):  # noqa: F811
 
 def test_worker_sampling_with_context_tokens_is_lossless():
     """Context tokens in the worker: the main process mirrors the worker's draft space to scatter its law."""
-    from test_context_tokens import context_pair
 
     target, drafter, prompt, _ = context_pair()
     with SSDSession(drafter, SSDConfig(fan_out=2, fallback=False, mode="worker")) as ssd:

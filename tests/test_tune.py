@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 import torch
-from tiny import VOCAB, make_pair
+from tiny import VOCAB, make_pair, random_profile, toy_model
 
 import hf_vocabspec
 from hf_vocabspec.cost import LatencyCurve, tokens_per_round
@@ -21,16 +21,6 @@ from hf_vocabspec.evaluation.tune import (
     save_tuned_drafter,
 )
 from hf_vocabspec.selection import AcceptanceProfile, ThroughputModel, TuneResult, tune
-
-
-def random_profile(seed=0, segments=(7, 1, 12), ks=(10, 20, 40), context=True):
-    g = torch.Generator().manual_seed(seed)
-    n = sum(segments)
-    base = torch.rand(n, 1, generator=g)
-    # acceptance grows with k (a larger kept set drafts at least what a smaller one does)
-    vanilla = torch.cat([base * (i + 1) / len(ks) for i in range(len(ks))], dim=1).double()
-    ctx = (vanilla + 0.1).clamp(max=1.0) if context else None
-    return AcceptanceProfile(list(ks), vanilla, ctx, list(segments), agreement=0.9)
 
 
 def brute_tau(profile, k, L, context):
@@ -64,13 +54,6 @@ def test_profile_tau_is_the_per_position_product():
         profile.tau(11, 3)
     with pytest.raises(ValueError, match="Context tokens were not scored"):
         random_profile(context=False).tau(10, 3, True)
-
-
-def toy_model(profile=None) -> ThroughputModel:
-    profile = profile or random_profile()
-    curve = LatencyCurve([10, 20, 40], [0.004, 0.006, 0.010], 0.003)
-    verify = {1: 0.020, **{n + 1: 0.020 + 0.002 * n for n in (2, 3, 4, 6, 8)}}
-    return ThroughputModel(profile, curve, verify, draft_lengths=[2, 3, 4, 6, 8])
 
 
 def test_throughput_model_formula_and_errors():

@@ -8,7 +8,7 @@ import inspect
 import pytest
 import torch
 import torch.nn.functional as F
-from test_lossless import check_lossless, pruned_drafter
+from marginals import check_lossless, pruned_drafter
 from tiny import VOCAB, make_pair
 from transformers import GenerationMixin, StoppingCriteria, StoppingCriteriaList
 

@@ -14,6 +14,11 @@ from transformers import (
     LlamaForCausalLM,
 )
 
+import hf_vocabspec
+from hf_vocabspec.cost import LatencyCurve
+from hf_vocabspec.rdk import RDKKernel
+from hf_vocabspec.selection import AcceptanceProfile, ThroughputModel
+
 VOCAB = 64
 EOS = 2
 
@@ -78,3 +83,70 @@ def make_pair(kind: str = "llama", seed: int = 0, head_scale: float = 40.0, nois
     target.generation_config.pad_token_id = 0
     drafter.generation_config.pad_token_id = 0
     return target, drafter
+
+
+# --- shared helpers of several test modules (one home: test modules never import each other) -----------------------
+def tiny_tokenizer(shuffle: bool = False):
+    """A 64-token word-level fast tokenizer matching tiny.VOCAB (``shuffle`` permutes the id table)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    names = ["<pad>", "<s>", "</s>"] + [f"w{i}" for i in range(3, VOCAB)]
+    if shuffle:
+        names = names[:3] + names[3:][::-1]
+    tok = Tokenizer(models.WordLevel({n: i for i, n in enumerate(names)}, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+
+
+HUB_PROMPT = [[1, 6, 9, 14, 3]]
+
+
+def greedy(target, drafter, prompt=HUB_PROMPT) -> list[int]:
+    """Greedy output of 20 new tokens with ``drafter`` (None: target-only) on a short prompt."""
+    return target.generate(torch.tensor(prompt), max_new_tokens=20, do_sample=False, assistant_model=drafter)[0].tolist()
+
+
+def context_pair(seed: int = 0, kind: str = "gemma3"):
+    """(target, drafter, prompt, probe): the target's top-3 first tokens are pruned and sit in the prompt."""
+    target, base = make_pair(kind, seed=seed, head_scale=12.0)
+    prompt = torch.tensor([[1, 5, 7, 12, 9]])
+    with torch.no_grad():
+        p1 = target(prompt).logits[0, -1].softmax(-1)
+    top = [t for t in p1.argsort(descending=True).tolist() if t > 2][:3]
+    prompt = torch.cat([prompt, torch.tensor([top])], dim=1)
+    with torch.no_grad():
+        p1 = target(prompt).logits[0, -1].softmax(-1)
+    probe = max((t for t in top), key=lambda t: float(p1[t]))
+    pruned = set(top) | set(range(40, VOCAB))
+    drafter = hf_vocabspec.trim_drafter(base, [t for t in range(VOCAB) if t not in pruned])
+    drafter.use_context_tokens = True
+    return target, drafter, prompt, probe
+
+
+def hand_kernel(drafter, towards: list[int], moved=0.35) -> RDKKernel:
+    """Every kept row moves ``moved`` of its mass onto the pruned tokens ``towards`` (equal split)."""
+    k = drafter.d2t.numel()
+    targets = torch.tensor(towards).expand(k, len(towards)).clone()
+    w = torch.zeros(k, len(towards) + 1)
+    w[:, 0] = 1 - moved
+    w[:, 1:] = moved / len(towards)
+    return RDKKernel(drafter.d2t, targets, w, VOCAB, "hand").validate()
+
+
+# toy measurements for the throughput model (no model runs)
+def random_profile(seed=0, segments=(7, 1, 12), ks=(10, 20, 40), context=True):
+    g = torch.Generator().manual_seed(seed)
+    n = sum(segments)
+    base = torch.rand(n, 1, generator=g)
+    # acceptance grows with k (a larger kept set drafts at least what a smaller one does)
+    vanilla = torch.cat([base * (i + 1) / len(ks) for i in range(len(ks))], dim=1).double()
+    ctx = (vanilla + 0.1).clamp(max=1.0) if context else None
+    return AcceptanceProfile(list(ks), vanilla, ctx, list(segments), agreement=0.9)
+
+
+def toy_model(profile=None) -> ThroughputModel:
+    profile = profile or random_profile()
+    curve = LatencyCurve([10, 20, 40], [0.004, 0.006, 0.010], 0.003)
+    verify = {1: 0.020, **{n + 1: 0.020 + 0.002 * n for n in (2, 3, 4, 6, 8)}}
+    return ThroughputModel(profile, curve, verify, draft_lengths=[2, 3, 4, 6, 8])
