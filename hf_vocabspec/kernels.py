@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["MARGIN", "MAX_ROWS", "MEMORY_SHARE", "TRIALS", "FastLinears", "LinearChoice", "LinearKey", "available",
+__all__ = ["MARGIN", "MAX_ROWS", "MEMORY_SHARE", "TRIALS", "FastLinears", "KernelChoice", "KernelKey", "available",
            "choices", "fast_linears", "packed_linear", "release", "wants_fast_linears"]
 
 MAX_ROWS = 64
@@ -55,9 +55,10 @@ def available() -> bool:
 
 
 @dataclass(frozen=True)
-class LinearKey:
-    """What a kernel choice depends on."""
+class KernelKey:
+    """What a kernel choice depends on (here and for the verify head)."""
 
+    device: str
     dtype: str
     out_features: int
     in_features: int
@@ -67,10 +68,11 @@ class LinearKey:
 
 
 @dataclass
-class LinearChoice:
-    """Timed trials of ``F.linear`` and the packed kernel for one key, and the kernel kept (None while trialling)."""
+class KernelChoice:
+    """Timed trials of every candidate kernel for one :class:`KernelKey`, and the kernel kept (None while
+    trialling); ``"linear"`` (``F.linear``) is the original every speed-up is taken against."""
 
-    key: LinearKey
+    key: KernelKey
     timings_ms: dict[str, list[float]] = field(default_factory=lambda: {name: [] for name in CANDIDATES})
     chosen: str | None = None
     warmed: set[str] = field(default_factory=set)  # candidates whose first (untimed) call ran
@@ -84,13 +86,13 @@ class LinearChoice:
         return 1.0 if self.chosen is None else self.median_ms("linear") / self.median_ms(self.chosen)
 
 
-_CHOICES: dict[LinearKey, LinearChoice] = {}
+_CHOICES: dict[KernelKey, KernelChoice] = {}
 _LOCK = threading.Lock()
 # module -> (weight storage pointer, weight version, packed weight); weak so a freed model frees its copies.
 _PACKED: weakref.WeakKeyDictionary[nn.Linear, tuple[int, int, torch.Tensor]] = weakref.WeakKeyDictionary()
 
 
-def choices() -> list[LinearChoice]:
+def choices() -> list[KernelChoice]:
     """Every choice made (or in trial) in this process."""
     with _LOCK:
         return list(_CHOICES.values())
@@ -137,13 +139,13 @@ def packed_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         or (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
     ):
         return F.linear(x, weight, module.bias)
-    key = LinearKey(str(weight.dtype).removeprefix("torch."), weight.shape[0], weight.shape[1],
+    key = KernelKey("cpu", str(weight.dtype).removeprefix("torch."), weight.shape[0], weight.shape[1],
                     module.bias is not None, rows, torch.get_num_threads())
     choice = _CHOICES.get(key)
     if choice is not None and choice.chosen is not None:
         return _run(choice.chosen, module, x)
     with _LOCK:
-        choice = _CHOICES.setdefault(key, LinearChoice(key))
+        choice = _CHOICES.setdefault(key, KernelChoice(key))
         name = min(CANDIDATES, key=lambda n: len(choice.timings_ms[n]))  # round-robin, F.linear first
         warm = name in choice.warmed
         choice.warmed.add(name)

@@ -27,12 +27,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .kernels import KernelChoice, KernelKey
 from .modeling import TrimmedDrafter, cache_kwarg
 
 # Row counts above this are prefill-like: GEMM kernels are efficient there, keep the original head.
@@ -68,36 +69,8 @@ KERNELS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], t
 ORIGINAL = "linear"
 
 
-@dataclass(frozen=True)
-class HeadKey:
-    """What a kernel choice depends on."""
-
-    device: str
-    dtype: str
-    out_features: int
-    in_features: int
-    bias: bool
-    rows: int
-    threads: int
-
-
-@dataclass
-class KernelChoice:
-    """Timed trials of every candidate for one :class:`HeadKey`, and the kernel chosen (None while trialling)."""
-
-    key: HeadKey
-    timings_ms: dict[str, list[float]] = field(default_factory=dict)
-    chosen: str | None = None
-
-    def median_ms(self, name: str) -> float:
-        return statistics.median(self.timings_ms[name])
-
-    @property
-    def speedup(self) -> float:
-        """F.linear median / chosen kernel's median (1.0 until chosen or when the original is kept)."""
-        if self.chosen is None:
-            return 1.0
-        return self.median_ms(ORIGINAL) / self.median_ms(self.chosen)
+# the timed-choice record is shared with the fast linears (one home: kernels.py)
+HeadKey = KernelKey
 
 
 _CHOICES: dict[HeadKey, KernelChoice] = {}

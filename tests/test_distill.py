@@ -51,13 +51,7 @@ def chats(n: int = 120, seed: int = 0) -> list[dict]:
                                     {"role": "assistant", "content": words(8, 24)})]} for _ in range(n)]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and steadily so when other jobs share the CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

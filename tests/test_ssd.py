@@ -17,7 +17,7 @@ import torch
 from marginals import SSD_DRAWS as N_DRAWS
 from marginals import SSD_PROMPT as PROMPT
 from marginals import check_ssd_lossless, chi2_pvalue, exact_marginals3, reference_processors  # noqa: F401
-from tiny import EOS, VOCAB, hand_kernel, make_pair
+from tiny import EOS, VOCAB, hand_kernel, make_pair, tiny_tokenizer
 from transformers import GenerationConfig, LogitsProcessorList
 
 import hf_vocabspec
@@ -251,19 +251,6 @@ def test_session_refuses_a_batch_in_one_line():
     assert "\n" not in str(err.value)
 
 
-def _word_tokenizer(reverse: bool = False):
-    """A 64-token word-level tokenizer for the tiny models (``reverse``: another id table of the same size)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    names = ["<pad>", "<s>", "</s>"] + [f"w{i}" for i in range(3, VOCAB)]
-    if reverse:
-        names = names[:3] + names[3:][::-1]
-    tok = Tokenizer(models.WordLevel({n: i for i, n in enumerate(names)}, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
-
-
 def test_session_gets_the_one_compatibility_check_tokenizer_included():
     """generate with an SSD session checks its drafter as it checks a drafter passed alone (the tokenizer's
     fingerprint was skipped for sessions before): refused in one line, before any drafting."""
@@ -271,14 +258,14 @@ def test_session_gets_the_one_compatibility_check_tokenizer_included():
     from transformers import LlamaForCausalLM
 
     target, base = make_pair("llama", seed=3, head_scale=8.0)
-    tok = _word_tokenizer()
+    tok = tiny_tokenizer()
     drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)), tokenizer=tok)
     with SSDSession(drafter, SSDConfig(fallback=False)) as ssd:
         ref = target.generate(PROMPT, do_sample=False, max_new_tokens=8)
         out = target.generate(PROMPT, do_sample=False, max_new_tokens=8, assistant_model=ssd, tokenizer=tok)
         assert torch.equal(out, ref)
         with pytest.raises(hf_vocabspec.DrafterMismatchError, match="fingerprints differ") as err:
-            target.generate(PROMPT, max_new_tokens=8, assistant_model=ssd, tokenizer=_word_tokenizer(reverse=True))
+            target.generate(PROMPT, max_new_tokens=8, assistant_model=ssd, tokenizer=tiny_tokenizer(shuffle=True))
         assert "\n" not in str(err.value) and "universal" not in str(err.value).lower()
         fewer = LlamaForCausalLM(llama_config(vocab_size=VOCAB - 8)).eval()
         with pytest.raises(hf_vocabspec.DrafterMismatchError, match=f"has {VOCAB - 8} rows"):
