@@ -88,8 +88,8 @@ class KernelChoice:
 
 _CHOICES: dict[KernelKey, KernelChoice] = {}
 _LOCK = threading.Lock()
-# module -> (weight storage pointer, weight version, packed weight); weak so a freed model frees its copies.
-_PACKED: weakref.WeakKeyDictionary[nn.Linear, tuple[int, int, torch.Tensor]] = weakref.WeakKeyDictionary()
+# module -> (weight storage pointer, weight version, packed weight or None: cannot pack); weak so a freed model frees its copies.
+_PACKED: weakref.WeakKeyDictionary[nn.Linear, tuple[int, int, torch.Tensor | None]] = weakref.WeakKeyDictionary()
 
 
 def choices() -> list[KernelChoice]:
@@ -116,8 +116,8 @@ def _packed(module: nn.Linear) -> torch.Tensor | None:
         return entry[2]
     try:
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
-    except RuntimeError:  # a dtype or CPU this oneDNN build cannot pack for
-        return None
+    except RuntimeError:  # a dtype or CPU this oneDNN build cannot pack for: remembered, not retried every call
+        packed = None
     _PACKED[module] = (*stamp, packed)
     return packed
 
