@@ -85,6 +85,19 @@ class KernelChoice:
         """``F.linear``'s median / the kept kernel's (1.0 while trialling or when ``F.linear`` is kept)."""
         return 1.0 if self.chosen is None else self.median_ms("linear") / self.median_ms(self.chosen)
 
+    def next_candidate(self) -> str:
+        """Round-robin over the candidates (the original, listed first, on ties)."""
+        return min(self.timings_ms, key=lambda n: len(self.timings_ms[n]))
+
+    def record(self, name: str, ms: float, trials: int, margin: float) -> None:
+        """Add one timed call; once every candidate has ``trials``, keep the fastest other kernel by median if it
+        beats ``F.linear`` by ``margin``, else ``F.linear``."""
+        self.timings_ms[name].append(ms)
+        if self.chosen is None and all(len(t) >= trials for t in self.timings_ms.values()):
+            best = min((n for n in self.timings_ms if n != "linear"), key=self.median_ms)
+            keep = self.median_ms(best) < margin * self.median_ms("linear")
+            self.chosen = best if keep else "linear"
+
 
 _CHOICES: dict[KernelKey, KernelChoice] = {}
 _LOCK = threading.Lock()
@@ -146,7 +159,7 @@ def packed_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         return _run(choice.chosen, module, x)
     with _LOCK:
         choice = _CHOICES.setdefault(key, KernelChoice(key))
-        name = min(CANDIDATES, key=lambda n: len(choice.timings_ms[n]))  # round-robin, F.linear first
+        name = choice.next_candidate()
         warm = name in choice.warmed
         choice.warmed.add(name)
         if name == "packed":
@@ -157,10 +170,7 @@ def packed_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if not warm:  # a kernel's first call for a shape builds its primitive (oneDNN JIT): not its steady cost
         return out
     with _LOCK:
-        choice.timings_ms[name].append(elapsed)
-        if choice.chosen is None and all(len(t) >= TRIALS for t in choice.timings_ms.values()):
-            keep = choice.median_ms("packed") < MARGIN * choice.median_ms("linear")
-            choice.chosen = "packed" if keep else "linear"
+        choice.record(name, elapsed, TRIALS, MARGIN)
     return out
 
 

@@ -108,18 +108,14 @@ def head_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         return KERNELS[choice.chosen](x, weight, bias)
     with _LOCK:
         choice = _CHOICES.setdefault(key, KernelChoice(key, {name: [] for name in KERNELS}))
-        name = min(KERNELS, key=lambda n: len(choice.timings_ms[n]))  # round-robin, original first
+        name = choice.next_candidate()
     _sync(x.device)
     start = time.perf_counter()
     out = KERNELS[name](x, weight, bias)
     _sync(x.device)
     elapsed = (time.perf_counter() - start) * 1e3
     with _LOCK:
-        choice.timings_ms[name].append(elapsed)
-        if choice.chosen is None and all(len(t) >= TRIALS for t in choice.timings_ms.values()):
-            best = min(KERNELS, key=choice.median_ms)
-            keep = best != ORIGINAL and choice.median_ms(best) < MARGIN * choice.median_ms(ORIGINAL)
-            choice.chosen = best if keep else ORIGINAL
+        choice.record(name, elapsed, TRIALS, MARGIN)
     return out
 
 
