@@ -286,3 +286,36 @@ def test_untrimmed_same_vocabulary_assistant_batches_through_our_loop():
                           do_sample=False)
     assert _rows(out, ids.shape[1], EOS) == _reference(target, ids, mask, max_new_tokens=16)
     assert base.last_speculation_stats.batch_size == 3
+
+
+def test_auto_remembers_its_measurements_for_the_next_calls():
+    """A call starts in the mode earlier calls measured faster at its rows (no probes), recalled measurements
+    count as fresh only at about the same rows, and expire after MEMORY_CALLS calls."""
+    M = engine.Measured
+    memory = engine._Memory()
+    setting = ("t", False, 5)
+    spec = [M("speculate", 100.0, 8, 1), M("speculate", 110.0, 8, 2)]
+    plain = [M("decode", 150.0, 8, 4), M("decode", 140.0, 8, 5)]
+    memory.keep(setting, [], spec + plain)
+    recalled = memory.recall(setting)
+    assert all(x.iteration == 0 and x.calls_ago == 1 for x in recalled)
+    mode, why = engine.choose_mode(recalled, 8, 0)
+    assert mode == "decode" and "4 of them from earlier calls" in why
+    assert engine.choose_mode(recalled, 4, 0)[1] == "probe speculate"  # other rows: not fresh (either way)
+    assert engine.choose_mode(recalled, 8, engine.FRESH_ITERATIONS)[1] == "probe speculate"  # aged in this call
+    assert memory.recall(("t", True, 5)) == []  # another setting remembers nothing
+    for _ in range(engine.MEMORY_CALLS):  # calls that measure nothing new: the verdict expires
+        recalled = memory.recall(setting)
+        memory.keep(setting, recalled, [])
+    assert memory.recall(setting) == []
+
+    # in generate: the second call with the same drafter decides at once, output still target-only's
+    target, drafter = _pair("llama", speculation="auto")
+    ids, mask = _batch([5, 9, 3])
+    ref = _reference(target, ids, mask, max_new_tokens=30)
+    for call in range(2):
+        out = target.generate(input_ids=ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=30,
+                              do_sample=False)
+        assert _rows(out, ids.shape[1], EOS) == ref
+    decisions = drafter.last_speculation_stats.decisions
+    assert decisions and decisions[0].startswith("after 0 rounds, 0 plain steps:") and "earlier calls" in decisions[0]
