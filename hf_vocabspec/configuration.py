@@ -33,7 +33,9 @@ __all__ = [
     "check_batched_speculation",
     "check_confidence_threshold",
     "check_draft_length",
+    "check_weight_quantization",
     "set_draft_length",
+    "WEIGHT_QUANTIZATIONS",
 ]
 
 MODEL_TYPE = "hf_vocabspec_trimmed_drafter"
@@ -45,6 +47,9 @@ DEFAULT_CONFIDENCE_THRESHOLD = 0.0
 # Values of a drafter's ``generation_config.batched_speculation`` (the batched loop's fallback rule; the one home of
 # the valid values): "auto" decides from measured rounds, "on"/"off" force speculation / plain decoding.
 SPECULATION_MODES = ("auto", "on", "off")
+# Values of ``config.weight_quantization`` (the one home of the valid values): the drafter's linear layers run
+# weight-only int8 (one scale per output row) or int4 (asymmetric, groups of 128 along the input) kernels.
+WEIGHT_QUANTIZATIONS = ("int8", "int4")
 
 
 class VocabularyMapError(ValueError):
@@ -174,6 +179,11 @@ class TrimmedDrafterConfig(PreTrainedConfig):
     verify_head: bool = True
     """Verify with hf_vocabspec.verify_head (the target's LM head reading its weight once for the L+1 rows). The
     runtime switch ``drafter.use_verify_head`` reads and writes this field."""
+    weight_quantization: str | None = None
+    """None, or one of ``WEIGHT_QUANTIZATIONS``: the drafter's linear layers (body and kept head) draft through
+    weight-only quantized copies made at load time from the saved full-precision weights (CPU), cutting the
+    bytes a draft step reads. Only the drafter's proposals change (acceptance); the output stays the target's.
+    Set with ``drafter.quantize_weights(...)``."""
     tie_word_embeddings: bool = False
     """The drafter's own head is never tied (its kept rows are a copy); the body's tying is in drafter_config."""
 
@@ -188,6 +198,14 @@ class TrimmedDrafterConfig(PreTrainedConfig):
         for key in ("dtype", "torch_dtype"):  # the body follows the drafter's dtype (from_pretrained(dtype=...)),
             cfg.pop(key, None)  # not the dtype its base was saved in (else only the head is converted)
         return AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+
+
+def check_weight_quantization(value: object) -> str | None:
+    """Refuse a weight quantization that is not None or one of ``WEIGHT_QUANTIZATIONS``."""
+    if value is None or value in WEIGHT_QUANTIZATIONS:
+        return value
+    raise ValueError(f"weight_quantization must be None or one of {WEIGHT_QUANTIZATIONS}, got {value!r}: "
+                     f"drafter.quantize_weights(None) keeps full precision.")
 
 
 # --- the drafting settings of a drafter's generation_config ---------------------------------------------------------

@@ -394,7 +394,11 @@ def install() -> None:
                 _verify_head.verify_head(self, enabled=_verify_head.wants_verify_head(assistant)):
             if _TRANSFORMERS_LOOP.get() and input_ids.shape[0] == 1:
                 return assisted(self, *args, **kwargs)
-            return _run_engine(self, assistant, bound, kernels=str(fast))
+            kernels = str(fast)
+            scheme = getattr(getattr(assistant, "config", None), "weight_quantization", None)
+            if scheme:
+                kernels += f"; drafter {scheme} weights on {getattr(assistant, 'quantized_layers', 0)} layers"
+            return _run_engine(self, assistant, bound, kernels=kernels)
 
     _get_candidate_generator.__wrapped__ = get_generator
     _validate_generation_mode.__wrapped__ = validate

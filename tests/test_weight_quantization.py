@@ -1,0 +1,172 @@
+"""Weight-only quantized drafters (modeling.py, ``config.weight_quantization``): the kernels compute what the
+quantization says, long forwards and training run the full-precision weights, the setting survives save/load,
+greedy output stays target-only's, the sampled law stays exact, and a drafter whose reported law is not the one it
+drew from is caught (power)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from marginals import check_lossless, pruned_drafter
+from tiny import VOCAB, make_pair
+from torch import nn
+
+import hf_vocabspec
+from hf_vocabspec import modeling
+from hf_vocabspec.configuration import WEIGHT_QUANTIZATIONS
+from hf_vocabspec.generation.draft_step import DraftStep
+
+pytestmark = pytest.mark.skipif(not all(map(modeling.quantization_ops_available, WEIGHT_QUANTIZATIONS)),
+                                reason="this torch lacks the weight-only CPU kernels")
+
+
+@pytest.fixture(autouse=True)
+def small_groups(monkeypatch):
+    """The tiny models' layers are 32-64 wide: int4 groups of 32 (real drafters: 128)."""
+    monkeypatch.setattr(modeling, "INT4_GROUP_SIZE", 32)
+
+
+def _reference(layer: nn.Linear, scheme: str, x: torch.Tensor) -> torch.Tensor:
+    """What the quantization means, written out: int8 q * row scale; int4 (q - 8) * group scale + group zero."""
+    w = layer.weight.detach().float()
+    if scheme == "int8":
+        scale = w.abs().amax(dim=1, keepdim=True) / 127
+        deq = torch.round(w / scale).clamp(-127, 127) * scale
+    else:
+        g = modeling.INT4_GROUP_SIZE
+        groups = w.reshape(w.shape[0], -1, g)
+        lo, hi = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+        scale = (hi - lo) / 15
+        deq = (torch.round((groups - lo) / scale).clamp(0, 15) * scale + lo).reshape_as(w)
+    return F.linear(x.float(), deq, None if layer.bias is None else layer.bias.float())
+
+
+@pytest.mark.parametrize("scheme", WEIGHT_QUANTIZATIONS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("out_features", [32, 40])  # 40: int4 pads its rows to a multiple of 16
+def test_kernel_computes_the_quantized_weight(scheme, dtype, out_features):
+    torch.manual_seed(0)
+    layer = nn.Linear(64, out_features, bias=True).to(dtype)
+    assert modeling.apply_weight_quantization(layer, [layer], scheme) == 1
+    for rows in (1, 3, modeling.QUANTIZED_MAX_ROWS):
+        x = torch.randn(1, rows, 64).to(dtype)
+        with torch.no_grad():
+            out = layer(x)
+        assert out.shape == (1, rows, out_features) and out.dtype == dtype
+        ref = _reference(layer, scheme, x)
+        full = F.linear(x, layer.weight, layer.bias).float()
+        tol = 2e-2 if dtype == torch.bfloat16 else 2e-3
+        assert (out.float() - ref).abs().max() <= tol * ref.abs().max()
+        assert (out.float() - full).abs().max() > 0  # it really ran the quantized weight
+    x = torch.randn(1, modeling.QUANTIZED_MAX_ROWS + 1, 64).to(dtype)  # a prompt: full precision, exactly
+    with torch.no_grad():
+        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+    x = torch.randn(1, 2, 64).to(dtype)  # training: full precision with gradients
+    assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+
+
+def test_changed_weight_is_quantized_again_and_none_restores():
+    layer = nn.Linear(64, 32)
+    modeling.apply_weight_quantization(layer, [layer], "int8")
+    x = torch.randn(2, 64)
+    with torch.no_grad():
+        before = layer(x)
+        layer.weight.mul_(2)
+        after = layer(x)
+    torch.testing.assert_close(after - layer.bias, 2 * (before - layer.bias), rtol=1e-5, atol=1e-5)
+    modeling.apply_weight_quantization(layer, [layer], None)
+    assert "forward" not in layer.__dict__ and "_vocabspec_quantized" not in layer.__dict__
+
+
+def test_bad_settings_fail_early_in_one_line(tmp_path):
+    _, base = make_pair("llama")
+    drafter = hf_vocabspec.trim_drafter(base, range(VOCAB - 8))
+    with pytest.raises(ValueError, match=r"one of \('int8', 'int4'\).*quantize_weights\(None\)"):
+        drafter.quantize_weights("int3")
+    assert drafter.config.weight_quantization is None and drafter.quantized_layers == 0
+    drafter.save_pretrained(tmp_path / "d")
+    cfg = (tmp_path / "d" / "config.json").read_text().replace('"weight_quantization": null',
+                                                              '"weight_quantization": "fp8"')
+    (tmp_path / "d" / "config.json").write_text(cfg)
+    with pytest.raises(ValueError, match="weight_quantization must be None or one of"):
+        hf_vocabspec.TrimmedDrafter.from_pretrained(tmp_path / "d")
+
+
+@pytest.mark.parametrize("scheme", WEIGHT_QUANTIZATIONS)
+def test_saved_drafter_loads_back_quantized(scheme, tmp_path):
+    _, base = make_pair("gemma3")
+    drafter = hf_vocabspec.trim_drafter(base, range(VOCAB - 8)).quantize_weights(scheme)
+    assert drafter.quantized_layers > 0 and drafter.config.weight_quantization == scheme
+    hidden = torch.randn(1, 1, 32)
+    with torch.no_grad():
+        logits = drafter.draft_logits(hidden)
+    drafter.save_pretrained(tmp_path / "d")
+    loaded = hf_vocabspec.TrimmedDrafter.from_pretrained(tmp_path / "d")
+    assert loaded.config.weight_quantization == scheme and loaded.quantized_layers == drafter.quantized_layers
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.draft_logits(hidden), logits)  # same copies, made at load
+    assert not any("_vocabspec" in k for k in loaded.state_dict())  # the checkpoint holds full precision only
+    loaded.quantize_weights(None)
+    with torch.no_grad():
+        assert not torch.allclose(loaded.draft_logits(hidden), logits)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])
+@pytest.mark.parametrize("scheme", WEIGHT_QUANTIZATIONS)
+def test_greedy_identical_with_a_quantized_drafter(kind, scheme):
+    target, base = make_pair(kind, seed=3, head_scale=8.0)
+    drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)) + [3, 5]).quantize_weights(scheme)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(4):
+        prompt = torch.randint(3, VOCAB, (1, int(torch.randint(1, 12, (1,), generator=g))), generator=g)
+        ref = target.generate(prompt, do_sample=False, max_new_tokens=24)
+        out = target.generate(prompt, do_sample=False, max_new_tokens=24, assistant_model=drafter)
+        assert torch.equal(ref, out), (prompt, ref, out)
+    ids = torch.randint(3, VOCAB, (3, 7), generator=g)  # batched: the engine's loop at batch 3
+    ref = target.generate(ids, do_sample=False, max_new_tokens=16)
+    assert torch.equal(target.generate(ids, do_sample=False, max_new_tokens=16, assistant_model=drafter), ref)
+    assert f"drafter {scheme} weights on {drafter.quantized_layers} layers" in drafter.last_speculation_stats.kernels
+
+
+@pytest.fixture(scope="module")
+def lossless_pair():
+    target, drafter, probe = pruned_drafter("llama")
+    return target, drafter, probe
+
+
+@pytest.mark.parametrize("scheme", WEIGHT_QUANTIZATIONS)
+def test_sampling_with_a_quantized_drafter_is_lossless(lossless_pair, scheme, monkeypatch):
+    """Chi-square of the first two sampled tokens against the exact target marginals (marginals.py threshold),
+    with the drafts drawn through the quantized kernels (counted)."""
+    monkeypatch.setattr(modeling, "INT4_GROUP_SIZE", 32)
+    target, drafter, probe = lossless_pair
+    drafter.quantize_weights(scheme)
+    calls = []
+    original = modeling._quantized_forward
+    monkeypatch.setattr(modeling, "_quantized_forward", lambda self, x: calls.append(1) or original(self, x))
+    drafter.quantize_weights(scheme)  # re-bound to the counting forward
+    try:
+        check_lossless(target, drafter, {"temperature": 0.9}, pruned_probe=probe)
+    finally:
+        drafter.quantize_weights(None)
+    assert calls
+
+
+def test_a_law_other_than_the_drawn_one_is_detected(lossless_pair, monkeypatch):
+    """Power: drafts drawn from the quantized drafter but reported with another law (as if q came from another
+    precision's forward: here its softmax at temperature 0.5) must fail the same check."""
+    target, drafter, probe = lossless_pair
+    drafter.quantize_weights("int8")
+    original = DraftStep.draw
+
+    def wrong(self, logits):
+        idx, probs = original(self, logits)
+        return idx, (None if probs is None else (logits / 0.5).softmax(dim=-1))
+
+    monkeypatch.setattr(DraftStep, "draw", wrong)
+    try:
+        with pytest.raises(AssertionError):
+            check_lossless(target, drafter, {"temperature": 0.9}, pruned_probe=probe)
+    finally:
+        drafter.quantize_weights(None)
