@@ -180,10 +180,10 @@ class TrimmedDrafterConfig(PreTrainedConfig):
     """Verify with hf_vocabspec.verify_head (the target's LM head reading its weight once for the L+1 rows). The
     runtime switch ``drafter.use_verify_head`` reads and writes this field."""
     weight_quantization: str | None = None
-    """None, or one of ``WEIGHT_QUANTIZATIONS``: the drafter's linear layers (body and kept head) draft through
-    weight-only quantized copies made at load time from the saved full-precision weights (CPU), cutting the
-    bytes a draft step reads. Only the drafter's proposals change (acceptance); the output stays the target's.
-    Set with ``drafter.quantize_weights(...)``."""
+    """None, or one of ``WEIGHT_QUANTIZATIONS``: the drafter's linear layers (body and kept head) hold weight-only
+    quantized values and draft through torch's int kernels (CPU; their copies made at load), cutting the bytes a
+    draft step reads. Only the drafter's proposals change (acceptance); the output stays the target's. Set with
+    ``drafter.quantize_weights(...)``."""
     tie_word_embeddings: bool = False
     """The drafter's own head is never tied (its kept rows are a copy); the body's tying is in drafter_config."""
 

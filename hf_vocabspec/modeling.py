@@ -129,11 +129,15 @@ def _head_transform(body_config: PreTrainedConfig):
 # Why: a draft step of one row is memory-bound; its floor is one read of the drafter's weights. Measured on a 2-core
 # AMD EPYC with AVX-512 BF16 (2026-11-26, torch 2.13, one row, distinct weights cycled beyond the caches): a
 # 4864x896 layer took 0.49 ms in bf16 (oneDNN packed), 0.35 ms through torch's int8 kernel and 0.12 ms through its
-# int4 kernel. Quantized copies are made from the full-precision weights, which stay (they are what a save writes
-# and what training and long forwards use).
+# int4 kernel.
+# What it means: quantizing REPLACES each weight by its quantized values (round to nearest, stored in the drafter's
+# dtype: a lossy, one-way change, as any quantization), so the drafter is one model whatever kernel runs it; the
+# int kernels run those values for forwards of a few rows, F.linear for longer ones (prompts, training). A saved
+# drafter holds the quantized values; loading re-derives the int copies (re-quantizing quantized values gives them
+# back, up to one rounding of the scale).
 INT4_GROUP_SIZE = 128
-# Forwards of more rows than this (a prompt, the catch-up after plain steps) run the full-precision weights: the
-# weight-only kernels are made for a few rows (int8 over a 200-token prompt measured ~4x slower than bf16 GEMM).
+# Forwards of more rows than this run F.linear on the (quantized) weights: the weight-only kernels are made for a
+# few rows (int8 over a 200-token prompt measured ~4x slower than bf16 GEMM).
 QUANTIZED_MAX_ROWS = 16
 
 
@@ -163,27 +167,31 @@ def _stamp(weight: torch.Tensor) -> tuple:
     return weight.data_ptr(), weight._version, weight.dtype
 
 
-def quantize_weight(weight: torch.Tensor, scheme: str) -> _QuantizedWeight:
-    """Round-to-nearest weight-only quantization: int8 symmetric per output row; int4 asymmetric per group of
-    ``INT4_GROUP_SIZE`` inputs (the kernel computes ``(q - 8) * scale + zero``)."""
+def quantize_weight(weight: torch.Tensor, scheme: str) -> tuple[_QuantizedWeight, torch.Tensor]:
+    """Round-to-nearest weight-only quantization: int8 symmetric per output row (``q * scale``); int4 asymmetric
+    per group of ``INT4_GROUP_SIZE`` inputs (``(q - 8) * scale + zero``, the kernel's formula). Returns the kernel's
+    copy and the values it multiplies by (float32, scales rounded to the weight's dtype as the kernel holds them)."""
     w = weight.detach().float()
+    dtype = weight.dtype
     if scheme == "int8":
-        scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)
-        q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
-        return _QuantizedWeight(scheme, _stamp(weight), q, scale.to(weight.dtype))
+        scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12).to(dtype)
+        q = torch.round(w / scale.float()[:, None]).clamp(-127, 127)
+        values = q * scale.float()[:, None]
+        return _QuantizedWeight(scheme, _stamp(weight), q.to(torch.int8).contiguous(), scale), values
     N, K = w.shape
     group = INT4_GROUP_SIZE
-    if N % 16:  # the packing takes rows in blocks of 16: zero rows pad it (their outputs are cut off)
-        w = torch.cat([w, w.new_zeros(16 - N % 16, K)])
-        N = w.shape[0]
-    groups = w.reshape(N, K // group, group)
+    pad = -N % 16  # the packing takes rows in blocks of 16: zero rows pad it (their outputs are cut off)
+    if pad:
+        w = torch.cat([w, w.new_zeros(pad, K)])
+    groups = w.reshape(N + pad, K // group, group)
     lo, hi = groups.amin(dim=-1), groups.amax(dim=-1)
-    scale = ((hi - lo) / 15).clamp(min=1e-6)
-    zero = lo + 8 * scale
-    q = torch.round((groups - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32).reshape(N, K)
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1)
-    scales = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(weight.dtype)
-    return _QuantizedWeight(scheme, _stamp(weight), packed, scales, group)
+    scale = ((hi - lo) / 15).clamp(min=1e-6).to(dtype).float()
+    zero = (lo + 8 * scale).to(dtype).float()
+    q = torch.round((groups - (zero - 8 * scale)[..., None]) / scale[..., None]).clamp(0, 15)
+    values = ((q - 8) * scale[..., None] + zero[..., None]).reshape(N + pad, K)[:N]
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).reshape(N + pad, K).contiguous(), 1)
+    scales = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(dtype)
+    return _QuantizedWeight(scheme, _stamp(weight), packed, scales, group), values
 
 
 def _quantized_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -195,8 +203,8 @@ def _quantized_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if x.device.type != "cpu" or self.weight.device.type != "cpu":
         raise RuntimeError(f"weight_quantization={q.scheme!r} runs on CPU only: call drafter.quantize_weights(None) "
                            f"before running the drafter on {x.device.type}.")
-    if q.stamp != _stamp(self.weight):  # weights changed (loaded, converted, trained): quantize them again
-        q = quantize_weight(self.weight, q.scheme)
+    if q.stamp != _stamp(self.weight):  # weights changed (loaded, converted, trained): their int copy is re-derived
+        q = quantize_weight(self.weight, q.scheme)[0]
         self.__dict__["_vocabspec_quantized"] = q
     flat = x.reshape(rows, x.shape[-1]).contiguous()
     if flat.dtype != q.scales.dtype:
@@ -211,11 +219,13 @@ def _quantized_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return y if self.bias is None else y + self.bias
 
 
-def apply_weight_quantization(model: nn.Module, modules: Iterable[nn.Module], scheme: str | None) -> int:
-    """Give every quantizable linear of ``modules`` a quantized copy and the quantized forward (``scheme`` None:
-    take them away); returns how many layers draft quantized."""
+def apply_weight_quantization(modules: Iterable[nn.Module], scheme: str | None, *, write_values: bool = True) -> int:
+    """Quantize every quantizable linear of ``modules`` in place and give it the int kernel's forward (``scheme``
+    None: take the kernels away; the weights keep their values); returns how many layers run the kernels.
+    ``write_values=False`` (loading a quantized checkpoint): the weights already hold quantized values and are
+    kept exactly as saved; only the kernels' copies are derived."""
     modules = list(modules)
-    for module in modules:  # undo first: re-applying another scheme starts from full precision
+    for module in modules:
         if "_vocabspec_quantized" in module.__dict__:
             del module.__dict__["_vocabspec_quantized"]
             module.__dict__.pop("forward", None)
@@ -224,17 +234,19 @@ def apply_weight_quantization(model: nn.Module, modules: Iterable[nn.Module], sc
     if not quantization_ops_available(scheme):
         raise RuntimeError(f"weight_quantization={scheme!r} needs torch's CPU kernels, which torch {torch.__version__} "
                            "lacks: upgrade torch, or call drafter.quantize_weights(None).")
-    count = 0
-    for module in modules:
-        if not quantizable(module, scheme) or "forward" in module.__dict__:  # someone else already wraps it
-            continue
+    todo = [m for m in modules if quantizable(m, scheme) and "forward" not in m.__dict__]  # not wrapped by others
+    for module in todo:
         if module.weight.device.type != "cpu":
             raise ValueError(f"weight_quantization={scheme!r} runs on CPU only, the drafter is on "
                              f"{module.weight.device.type}: keep it on CPU or call drafter.quantize_weights(None).")
-        module.__dict__["_vocabspec_quantized"] = quantize_weight(module.weight, scheme)
+    for module in todo:
+        q, values = quantize_weight(module.weight, scheme)
+        if write_values:
+            with torch.no_grad():
+                module.weight.copy_(values.to(module.weight.dtype))
+        module.__dict__["_vocabspec_quantized"] = q._replace(stamp=_stamp(module.weight))
         module.forward = _quantized_forward.__get__(module, nn.Linear)
-        count += 1
-    return count
+    return len(todo)
 
 
 class TrimmedDrafter(PreTrainedModel, GenerationMixin):
@@ -307,13 +319,14 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
         self.config.rdk = {**self.config.rdk, "enabled": value}
 
     # --- weight-only quantized drafting -------------------------------------------------------------------
-    def quantize_weights(self, scheme: str | None) -> TrimmedDrafter:
-        """Draft through weight-only ``"int8"`` / ``"int4"`` copies of the linear layers (body and kept head; CPU),
-        or full precision (None). Sets ``config.weight_quantization``, so a saved drafter loads back with it (the
-        checkpoint keeps the full-precision weights; the copies are made at load). Changes only what the drafter
-        proposes: verification keeps the output the target's."""
+    def quantize_weights(self, scheme: str | None, *, _loading: bool = False) -> TrimmedDrafter:
+        """Quantize the linear layers (body and kept head) to weight-only ``"int8"`` / ``"int4"`` values, drafted
+        through torch's int kernels (CPU); None takes the kernels away (the values stay: quantizing is one-way, load
+        the drafter again for full precision). Sets ``config.weight_quantization``: a saved drafter holds the
+        quantized values and loads back with the kernels. Changes only what the drafter proposes: verification
+        keeps the output the target's."""
         scheme = check_weight_quantization(scheme)
-        self.quantized_layers = apply_weight_quantization(self, self._quantizable_modules(), scheme)
+        self.quantized_layers = apply_weight_quantization(self._quantizable_modules(), scheme, write_values=not _loading)
         self.config.weight_quantization = scheme
         return self
 
@@ -610,7 +623,7 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
         model.validate_context_head(info.get("missing_keys", ()))  # kept pruned rows announced in config: present, sound
         scheme = check_weight_quantization(getattr(model.config, "weight_quantization", None))
         if scheme is not None:
-            model.quantize_weights(scheme)
+            model.quantize_weights(scheme, _loading=True)
         if model.use_context_tokens and not model.supports_context_tokens:  # only an edited config says so
             raise VocabularyMapError(
                 f"The drafter in {os.fspath(where)!r} has context_tokens on in config.json, but pruned tokens have no head rows "
