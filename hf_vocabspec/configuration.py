@@ -48,7 +48,7 @@ DEFAULT_CONFIDENCE_THRESHOLD = 0.0
 # the valid values): "auto" decides from measured rounds, "on"/"off" force speculation / plain decoding.
 SPECULATION_MODES = ("auto", "on", "off")
 # Values of ``config.weight_quantization`` (the one home of the valid values): the drafter's linear layers run
-# weight-only int8 (one scale per output row) or int4 (asymmetric, groups of 128 along the input) kernels.
+# weight-only int8 (one scale per output row) or int4 (asymmetric, groups of 128, 64 or 32 inputs) kernels.
 WEIGHT_QUANTIZATIONS = ("int8", "int4")
 
 

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
-from .modeling import cache_kwarg, model_body
+from .modeling import apply_weight_quantization, cache_kwarg, model_body
 
 __all__ = [
     "NON_GATED_MODEL_TYPES", "SSD_BACKUPS", "SSD_COMPUTES", "LatencyCurve", "RoundModel", "RoundYield", "SSDProjection",
@@ -388,11 +388,15 @@ def measure_draft_latency(
     then crops the cache back so every step sees the same context. Sizes are timed round-robin (slow
     drifts of a shared machine hit every k alike); each size reports the median of ``repeats``.
     Works on a plain causal LM or a :class:`~hf_vocabspec.modeling.TrimmedDrafter` (then k <= its kept size).
+    A model whose layers were quantized (``apply_weight_quantization``) is timed with its k-row heads quantized
+    the same way, as a trimmed head of it would run.
     """
     from transformers.cache_utils import DynamicCache
 
     body = model_body(model)
-    weight = model.get_output_embeddings().weight.detach()
+    out_layer = model.get_output_embeddings()
+    weight = out_layer.weight.detach()
+    scheme = getattr(out_layer.__dict__.get("_vocabspec_quantized"), "scheme", None)
     device = weight.device
     vocab = weight.shape[0]
     asked = sorted({int(k) for k in ks if int(k) > 0})
@@ -417,13 +421,20 @@ def measure_draft_latency(
         t0 = time.perf_counter()
         hidden = body(input_ids=step_ids, position_ids=pos, use_cache=True, **cache_kw).last_hidden_state
         if head is not None:
-            torch.nn.functional.linear(hidden[:, -1], head)
+            head(hidden[:, -1])
         sync()
         dt = time.perf_counter() - t0
         cache.crop(-1)  # back to context_length tokens
         return dt
 
-    heads = [None] + [weight[:k].contiguous() for k in ks]
+    def k_rows(k: int) -> torch.nn.Linear:
+        head = torch.nn.Linear(weight.shape[1], k, bias=False, device=device, dtype=weight.dtype).requires_grad_(False)
+        head.weight.copy_(weight[:k])
+        if scheme is not None:
+            apply_weight_quantization([head], scheme, write_values=False)
+        return head
+
+    heads = [None] + [k_rows(k) for k in ks]
     for head in heads:
         for _ in range(warmup):
             one_step(head)

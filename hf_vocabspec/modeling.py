@@ -135,7 +135,7 @@ def _head_transform(body_config: PreTrainedConfig):
 # int kernels run those values for forwards of a few rows, F.linear for longer ones (prompts, training). A saved
 # drafter holds the quantized values; loading re-derives the int copies (re-quantizing quantized values gives them
 # back, up to one rounding of the scale).
-INT4_GROUP_SIZE = 128
+INT4_GROUP_SIZE = 128  # inputs per int4 group (64 or 32 where a layer's inputs are not a multiple of it)
 # Forwards of more rows than this run F.linear on the (quantized) weights: the weight-only kernels are made for a
 # few rows (int8 over a 200-token prompt measured ~4x slower than bf16 GEMM).
 QUANTIZED_MAX_ROWS = 16
@@ -160,7 +160,12 @@ def quantizable(module: nn.Module, scheme: str) -> bool:
     """Exactly ``nn.Linear`` (subclasses have other weight semantics), float, with a shape the kernel takes."""
     if type(module) is not nn.Linear or module.weight.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return False
-    return scheme != "int4" or module.in_features % INT4_GROUP_SIZE == 0
+    return scheme != "int4" or _int4_group(module.in_features) is not None
+
+
+def _int4_group(in_features: int) -> int | None:
+    """The largest group size the int4 kernel takes (INT4_GROUP_SIZE, 64, 32) that divides the layer's inputs."""
+    return next((g for g in (INT4_GROUP_SIZE, 64, 32) if g <= INT4_GROUP_SIZE and in_features % g == 0), None)
 
 
 def _stamp(weight: torch.Tensor) -> tuple:
@@ -179,7 +184,7 @@ def quantize_weight(weight: torch.Tensor, scheme: str) -> tuple[_QuantizedWeight
         values = q * scale.float()[:, None]
         return _QuantizedWeight(scheme, _stamp(weight), q.to(torch.int8).contiguous(), scale), values
     N, K = w.shape
-    group = INT4_GROUP_SIZE
+    group = _int4_group(K)
     pad = -N % 16  # the packing takes rows in blocks of 16: zero rows pad it (their outputs are cut off)
     if pad:
         w = torch.cat([w, w.new_zeros(pad, K)])

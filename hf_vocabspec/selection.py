@@ -528,10 +528,11 @@ class TuneResult:
     settings: dict = field(default_factory=dict, repr=False)
     study_name: str = ""
     confidence_threshold: float = 0.0
+    weight_quantization: str | None = None  # the drafter's weights the model was measured with (run_tune sets it)
 
     def to_dict(self) -> dict:
         return {"k": self.k, "num_draft_tokens": self.num_draft_tokens, "context_tokens": self.context_tokens,
-                "confidence_threshold": self.confidence_threshold,
+                "confidence_threshold": self.confidence_threshold, "weight_quantization": self.weight_quantization,
                 "predicted_tokens_per_s": self.tokens_per_second, "predicted_speedup": self.speedup,
                 "study_name": self.study_name, "settings": self.settings,
                 "trials": [{"k": t.k, "num_draft_tokens": t.num_draft_tokens, "context_tokens": t.context_tokens,

@@ -22,6 +22,7 @@ Run it on a quiet machine (nothing else on the cores); the table is what the REA
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 
@@ -30,6 +31,7 @@ import torch
 from hf_vocabspec import kernels
 from hf_vocabspec.evaluation.benchmark import machine_info
 from hf_vocabspec.evaluation.offline import load_model
+from hf_vocabspec.modeling import apply_weight_quantization
 
 
 def bandwidth_gb_s(device: str, megabytes: int = 512, repeats: int = 5) -> float:
@@ -48,6 +50,16 @@ def bandwidth_gb_s(device: str, megabytes: int = 512, repeats: int = 5) -> float
 def sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
+
+
+def quantized_bytes(model: torch.nn.Module, scheme: str) -> int:
+    """weight_bytes with each quantized layer's weight counted at its int width (scales ignored)."""
+    total = weight_bytes(model)
+    for module in model.modules():
+        if "_vocabspec_quantized" in module.__dict__:
+            w = module.weight
+            total -= int(w.numel() * (w.element_size() - (1 if scheme == "int8" else 0.5)))
+    return total
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -122,9 +134,10 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=160)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--kernels", nargs="+", choices=["linear", "fast"], default=["linear", "fast"],
+    ap.add_argument("--kernels", nargs="+", choices=["linear", "fast", "int8", "int4"], default=["linear", "fast"],
                     help="linear: F.linear as transformers runs it; fast: hf_vocabspec.kernels.fast_linears (what "
-                         "our generate runs), trials untimed")
+                         "our generate runs), trials untimed; int8 / int4: a copy with weight-only quantized linears "
+                         "(what drafter.quantize_weights runs; one weight read then counts the int bytes)")
     ap.add_argument("--random-weights", action="store_true",
                     help="build each model from its config.json (a folder or offline name) with random weights")
     args = ap.parse_args()
@@ -145,18 +158,26 @@ def main() -> None:
             read_s = weight_bytes(model) / (bw * 1e9)
             base = None
             for kind in args.kernels:
-                with kernels.fast_linears(model, enabled=kind == "fast") as report:
+                run, read = model, read_s
+                if kind in ("int8", "int4"):
+                    run = copy.deepcopy(model)
+                    n = apply_weight_quantization(list(run.modules()), kind)
+                    read = quantized_bytes(run, kind) / (bw * 1e9)
+                with kernels.fast_linears(run, enabled=kind != "linear") as report:
                     warmup = 1
                     if report.layers:  # decide every layer's kernel trials up front, on the linears alone
                         for m in args.positions:
-                            decide_trials(model, m, args.device)
-                    secs = {m: forward_seconds(model, args.context, m, args.repeats, args.device, warmup)
+                            decide_trials(run, m, args.device)
+                    secs = {m: forward_seconds(run, args.context, m, args.repeats, args.device, warmup)
                             for m in args.positions}
                 base = base or secs[1]  # ratios against the first kernels' decode step
-                cells = [f"{secs[m] / base:.2f}x decode, {secs[m] / read_s:.2f}x read" + (
+                cells = [f"{secs[m] / base:.2f}x decode, {secs[m] / read:.2f}x read" + (
                     f" ({secs[m] * 1e3:.0f} ms)" if m == 1 else "") for m in args.positions]
-                label = "F.linear" if kind == "linear" else str(report)
-                print(f"| {name} | {dtype} | {label} | {read_s * 1e3:.0f} ms | " + " | ".join(cells) + " |", flush=True)
+                label = ("F.linear" if kind == "linear" else str(report) if kind == "fast"
+                         else f"{kind} weights on {n} layers")
+                print(f"| {name} | {dtype} | {label} | {read * 1e3:.0f} ms | " + " | ".join(cells) + " |", flush=True)
+                if run is not model:
+                    del run
             kernels.release(model)
             del model
 

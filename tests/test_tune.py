@@ -173,6 +173,35 @@ def test_measured_model_tunes_and_the_choice_ships_with_the_drafter(tmp_path):
 
 
 
+@pytest.mark.skipif(not hf_vocabspec.modeling.quantization_ops_available("int8"), reason="no int8 CPU kernel")
+def test_quantized_drafter_is_measured_and_ships_quantized(tmp_path):
+    """A quantized base is timed with quantized k-row heads; a tuned int8 choice saves a drafter that loads back
+    quantized and keeps greedy output target-only's."""
+    from hf_vocabspec.cost import measure_draft_latency
+    from hf_vocabspec.modeling import apply_weight_quantization
+
+    target, base = make_pair("gemma3", seed=2, head_scale=8.0)
+    quantized = apply_weight_quantization(list(base.modules()), "int8")
+    assert quantized > 0
+    calls = []
+    original = hf_vocabspec.modeling._quantized_forward
+    try:
+        hf_vocabspec.modeling._quantized_forward = lambda self, x: calls.append(self.out_features) or original(self, x)
+        apply_weight_quantization(list(base.modules()), "int8")  # re-bound to the counting forward
+        curve = measure_draft_latency(base, [16, 40], context_length=8, repeats=2)
+    finally:
+        hf_vocabspec.modeling._quantized_forward = original
+    assert curve.ks == [16, 40] and 16 in calls and 40 in calls  # the k-row heads ran the int8 kernel
+    choice = TuneResult(16, 3, True, 1.0, 1.0, [], weight_quantization="int8")
+    save_tuned_drafter(base, tiny_counts(), choice, tmp_path / "drafter")
+    loaded = hf_vocabspec.TrimmedDrafter.from_pretrained(tmp_path / "drafter").eval()
+    assert loaded.config.weight_quantization == "int8" and loaded.quantized_layers > 0
+    assert loaded.config.selection["weight_quantization"] == "int8"
+    prompt = torch.tensor([[1, 6, 9, 14, 6, 9]])
+    ref = target.generate(prompt, do_sample=False, max_new_tokens=20)
+    assert torch.equal(target.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=loaded), ref)
+
+
 def test_card_reports_the_tuned_setting(tmp_path):
     from hf_vocabspec.hub import build_model_card
 

@@ -71,7 +71,9 @@ def _run(args, out, tqdm) -> dict:
         save_drafter=not args.no_save, validate_prompts=args.validate, validate_draft_lengths=args.validate_draft_lengths,
         validate_on=args.validate_on,
         max_new_tokens=args.max_new_tokens, acceptance=args.acceptance,
-        confidence_thresholds=args.confidence_thresholds, progress=lambda xs: tqdm(xs, leave=False),
+        confidence_thresholds=args.confidence_thresholds,
+        weight_quantizations=[None if w == "none" else w for w in args.weight_quantizations],
+        progress=lambda xs: tqdm(xs, leave=False),
     )
 
 
@@ -90,6 +92,9 @@ def register(sub) -> None:
     t.add_argument("--confidence-thresholds", type=confidence_threshold, nargs="+", default=[0.0, 0.2, 0.3, 0.4, 0.5, 0.6],
                    help="stop a round's drafting after a draft the drafter gives less probability than this "
                         "(0 = never); searched with k and L (with --mode greedy and --acceptance drafter only)")
+    t.add_argument("--weight-quantizations", nargs="+", choices=["none", "int8", "int4"], default=["none"],
+                   help="drafter weights searched with k and L: none (as loaded), int8 / int4 weight-only (CPU; each "
+                        "measured on its own: acceptance and draft latency; the tuned drafter is saved with it)")
     t.add_argument("--mode", type=sampling_mode, default="greedy", help="'greedy' or 't<temperature>' (e.g. t1, t0.7)")
     t.add_argument("--n-trials", type=positive_int, default=None, help="default: the whole grid (exact argmax)")
     t.add_argument("--storage", default=None, help="journal file (or sqlite:///...) to resume the study")

@@ -27,7 +27,9 @@ from pathlib import Path
 import torch
 
 from .._io import atomic_write
+from ..configuration import check_weight_quantization
 from ..coverage import TokenCounts
+from ..modeling import apply_weight_quantization
 from ..selection import DEFAULT_CONFIDENCE_THRESHOLDS, AcceptanceProfile, ThroughputModel, TuneResult, tune
 from ._format import cell as _f
 from ._format import plus_minus as _pm
@@ -340,7 +342,8 @@ def save_tuned_drafter(base_drafter, counts: TokenCounts, result: TuneResult, ou
     from ..configuration import set_draft_length
     from ..trimming import trim_drafter
 
-    selection = {"method": "hf-vocabspec tune (joint k, L, context tokens, confidence threshold)", "k": result.k,
+    selection = {"method": "hf-vocabspec tune (joint k, L, context tokens, confidence threshold, drafter weights)",
+                 "k": result.k, "weight_quantization": result.weight_quantization,
                  "coverage": counts.coverage(result.k), "num_draft_tokens": result.num_draft_tokens,
                  "confidence_threshold": result.confidence_threshold,
                  "context_tokens": result.context_tokens, "predicted_speedup": round(result.speedup, 4),
@@ -349,6 +352,8 @@ def save_tuned_drafter(base_drafter, counts: TokenCounts, result: TuneResult, ou
                            selection=selection)
     if result.context_tokens and not drafter.supports_context_tokens:
         raise ValueError("The tuned setting uses context tokens but this drafter kept no pruned head rows.")
+    if result.weight_quantization is not None:
+        drafter.quantize_weights(result.weight_quantization)
     drafter.config.context_tokens = result.context_tokens
     drafter.use_context_tokens = result.context_tokens
     set_draft_length(drafter.generation_config, result.num_draft_tokens, result.confidence_threshold)
@@ -383,6 +388,7 @@ def run_tune(
     max_new_tokens: int = 64,
     acceptance: str = "drafter",
     confidence_thresholds: Sequence[float] = DEFAULT_CONFIDENCE_THRESHOLDS,
+    weight_quantizations: Sequence[str | None] = (None,),
     progress: Callable | None = None,
 ) -> dict:
     """Count, measure, search, save: writes tune.json, heatmap.png and (by default) the tuned drafter to
@@ -390,7 +396,9 @@ def run_tune(
     next to its neighbours (3 kept sizes x ``validate_draft_lengths``) on that many held-out prompts
     (``validate_on="held-out"``: other prompts than the scored ones, the choice's test), or at the tuned k only on
     the prompts whose continuations were scored (``"scored"``: the simulation's own test, free of prompt-to-prompt
-    variance: greedy generation walks exactly the scored path)."""
+    variance: greedy generation walks exactly the scored path). ``weight_quantizations``: the drafter's weights
+    searched (None = as loaded, "int8", "int4": see TrimmedDrafter.quantize_weights); each is measured on its own
+    (acceptance AND draft latency) and the one with the most predicted tokens/s is chosen and saved."""
     if validate_on not in ("held-out", "scored"):
         raise ValueError(f"validate_on must be 'held-out' or 'scored'; got {validate_on!r}.")
     from ..coverage import count_assistant_tokens
@@ -413,15 +421,29 @@ def run_tune(
     special = special_token_ids(target, tokenizer)
     # context tokens are searched for every drafter (tied: pruned rows from the embedding; untied: the kept
     # context_head that trim_drafter stores by default)
-    model, record = measure_throughput_model(target, drafter, convs, counts, ks, draft_lengths=draft_lengths,
-                                             mode=mode, always_kept=special, repeats=repeats, acceptance=acceptance,
-                                             continuation_tokens=max_new_tokens,
-                                             confidence_thresholds=confidence_thresholds, progress=progress)
-    result = tune(model, n_trials=n_trials, seed=seed, storage=storage)
+    schemes = list(dict.fromkeys(check_weight_quantization(s) for s in weight_quantizations))
+    searched = {}
+    for scheme in schemes:
+        candidate = drafter if scheme is None else copy.deepcopy(drafter)
+        if scheme is not None:
+            apply_weight_quantization(list(candidate.modules()), scheme)
+        m, rec = measure_throughput_model(target, candidate, convs, counts, ks, draft_lengths=draft_lengths,
+                                          mode=mode, always_kept=special, repeats=repeats, acceptance=acceptance,
+                                          continuation_tokens=max_new_tokens,
+                                          confidence_thresholds=confidence_thresholds, progress=progress)
+        res = tune(m, n_trials=n_trials, seed=seed, storage=storage)
+        res.weight_quantization = scheme
+        searched[scheme] = (candidate, m, rec, res)
+    # the most predicted tokens/s; ties: full precision first (the order given)
+    best = max(schemes, key=lambda s: (searched[s][3].tokens_per_second, -schemes.index(s)))
+    drafter, model, record, result = searched[best]
     report = {"target": target_name, "drafter": drafter_name, "dataset": dataset, "count_examples": len(counted),
               "conversations": len(convs), "mode": mode, "date": time.strftime("%Y-%m-%d %H:%M"),
               "vocab_size": vocab, "coverage": {str(k): counts.coverage(k) for k in model.acceptance.ks},
               "result": result.to_dict(), "measured": record,
+              "by_weight_quantization": {str(s): {"result": {k: v for k, v in r.to_dict().items() if k != "trials"},
+                                                  "draft_latency": rec["draft_latency"]}
+                                         for s, (_, _, rec, r) in searched.items()},
               "grid": [{"k": k, "num_draft_tokens": n, "context_tokens": c, "confidence_threshold": t,
                         "tau": model.acceptance.tau(k, n, c, t),
                         "mean_drafts": model.acceptance.round_yield(k, n, c, t).mean_drafts,
@@ -455,7 +477,7 @@ def format_tune(report: dict) -> str:
     r = report["result"]
     lines = [(f"tuned for {report['target']} with {report['drafter']} ({report['mode']}, {report['dataset']}): "
               f"k={r['k']:,}, L={r['num_draft_tokens']}, context tokens {'on' if r['context_tokens'] else 'off'}, "
-              f"{_threshold_text(r['confidence_threshold'])}; "
+              f"{_threshold_text(r['confidence_threshold'])}, drafter weights {r.get('weight_quantization') or 'as loaded'}; "
               f"predicted {r['predicted_tokens_per_s']:.2f} tokens/s = {r['predicted_speedup']:.2f}x target-only"),
              f"machine load {report['measured']['load'][0]:.1f} -> {report['measured']['load'][1]:.1f}"
              + (f"; other processes used {report['measured']['other_processes_cores']:.2f} cores while timing"
@@ -463,6 +485,12 @@ def format_tune(report: dict) -> str:
              + (" (BUSY: noisy)" if report["measured"]["busy"] else ""),
              "verify/decode ratio (verify head on): " + ", ".join(
                  f"L+1={n}: {v:.2f}" for n, v in report["measured"]["verify_decode_ratio"].items())]
+    schemes = report.get("by_weight_quantization") or {}
+    if len(schemes) > 1:
+        lines.append("drafter weights: " + "; ".join(
+            f"{'as loaded' if s == 'None' else s}: best {x['result']['predicted_speedup']:.2f}x "
+            f"(k={x['result']['k']:,} L={x['result']['num_draft_tokens']}, draft step "
+            f"{1e3 * x['draft_latency']['floor_seconds']:.1f} ms body)" for s, x in schemes.items()))
     best = sorted(report["grid"], key=lambda g: -g["tokens_per_s"])[:5]
     lines.append("top predicted settings: " + "; ".join(
         f"k={g['k']:,} L={g['num_draft_tokens']} ctx={'on' if g['context_tokens'] else 'off'} "
@@ -521,6 +549,8 @@ def validate_tuned(
             # timer hooks each drafter's body once
             drafter = trim_drafter(copy.deepcopy(base_drafter), counts.top_k(k), tokenizer=tokenizer)
             drafter.use_context_tokens = result.context_tokens and drafter.supports_context_tokens
+            if result.weight_quantization is not None:
+                drafter.quantize_weights(result.weight_quantization)
             drafters[k] = drafter
 
         def prepare(d=drafters[k], n=n, t=t):  # untimed, before each call: this method's schedule
