@@ -120,7 +120,8 @@ def test_cli_trim_push_to_hub_then_fresh_process_generates_identically(local_hub
     (root / "chat.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     cmd = [sys.executable, "-m", "hf_vocabspec.cli", "trim", "--drafter", str(root / "base"),
            "--target", str(pushed["root"] / "target"), "--dataset", str(root / "chat.jsonl"), "--k", "30",
-           "--dtype", "float32", "--output", str(root / "out"), "--push-to-hub", "user/cli-drafter",
+           "--dtype", "float32", "--weight-quantization", "int8", "--output", str(root / "out"),
+           "--push-to-hub", "user/cli-drafter",
            "--license", "mit", "--bench-results", str(root / "bench.json")]
     bench = {"runs": [{"workload": "offline:sharegpt", "in_domain": True, "mode": "greedy", "methods": {
         f"trimmed k={n}{' +context' * ctx}": {"kept_vocab": n, "context_tokens": ctx, "acceptance_rate": n / 100}
@@ -136,6 +137,7 @@ def test_cli_trim_push_to_hub_then_fresh_process_generates_identically(local_hub
     card = files["README.md"].decode()
     assert "draft_step_speedup" in card and "coverage" in card and "model-index" in card
     local = AutoModelForCausalLM.from_pretrained(root / "out")
+    assert local.config.weight_quantization == "int8" and local.quantized_layers > 0  # loads back quantized
     target = pushed["target"]
     ref = greedy(target, local)
     assert local.config.draft_vocab_size >= 30
@@ -149,9 +151,10 @@ def test_cli_trim_push_to_hub_then_fresh_process_generates_identically(local_hub
         target = AutoModelForCausalLM.from_pretrained({str(pushed['root'] / 'target')!r})
         d = load_drafter('user/cli-drafter', target=target)
         out = target.generate(torch.tensor({PROMPT}), max_new_tokens=20, do_sample=False, assistant_model=d)
-        print('RESULT' + json.dumps({{'out': out[0].tolist(), 'k': d.config.draft_vocab_size}}))
+        print('RESULT' + json.dumps({{'out': out[0].tolist(), 'k': d.config.draft_vocab_size,
+                                      'q': d.quantized_layers}}))
     """, local_hub, tmp_path)
-    assert got["out"] == ref and got["k"] == local.config.draft_vocab_size
+    assert got["out"] == ref and got["k"] == local.config.draft_vocab_size and got["q"] == local.quantized_layers
     assert VOCAB == local.config.vocab_size
 
 

@@ -234,6 +234,8 @@ def cmd_trim(args) -> int:
         if held_counts is not None:
             selection["held_out_coverage"] = held_counts.coverage_of(keep)
         drafter = trim_drafter(model, keep, tokenizer=tokenizer, target_model=args.target, selection=selection)
+        if args.weight_quantization != "none":
+            drafter.quantize_weights(args.weight_quantization)
         drafter.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         if not args.no_custom_generate:  # target.generate(custom_generate=<out>, trust_remote_code=True)
@@ -367,6 +369,9 @@ def register(sub) -> None:
     selection_args(t)
     t.add_argument("--k", type=positive_int, default=None, help="keep exactly the top-k tokens (skips the search)")
     t.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="drafter weights dtype")
+    t.add_argument("--weight-quantization", choices=["none", "int8", "int4"], default="none",
+                   help="weight-only quantized drafter (CPU int kernels; changes acceptance, never the output; "
+                        "`hf-vocabspec tune --weight-quantizations none int8 int4` measures which pays)")
     t.add_argument("--push-to-hub", default=None, metavar="REPO_ID",
                    help="also push the drafter with a model card (HF_TOKEN / `hf auth login`; HF_ENDPOINT honoured)")
     t.add_argument("--private", action="store_true", help="with --push-to-hub: create the repo private")
