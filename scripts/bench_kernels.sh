@@ -12,6 +12,10 @@ python scripts/bench_forward.py --repeats 3 --positions 1 2 3 4 5 6 8 16 \
     --models offline:gemma-3-270m offline:qwen2.5-coder-1.5b-instruct offline:qwen2.5-coder-0.5b-instruct \
     | grep -v "^Loading" | tee results/forward.md
 publish results/forward.md "forward-$DATE.md"
+# the drafter with weight-only quantized linears (what drafter.quantize_weights runs), bf16
+python scripts/bench_forward.py --repeats 3 --positions 1 2 4 6 --dtypes bfloat16 --kernels fast int8 int4 \
+    --models offline:qwen2.5-coder-0.5b-instruct | grep -v "^Loading" | tee results/forward-quantized.md
+publish results/forward-quantized.md "forward-quantized-drafter-$DATE.md"
 hf-vocabspec bench --target offline:gemma-3-270m --coverages 0.95 --context-tokens --kernel-levers \
     --workloads offline:sharegpt offline:humaneval --modes greedy --prompts 3 --max-new-tokens 48 --repeats 2 \
     --output results/kernel-levers --overwrite
