@@ -202,6 +202,25 @@ def test_quantized_drafter_is_measured_and_ships_quantized(tmp_path):
     assert torch.equal(target.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=loaded), ref)
 
 
+def test_drafter_weights_are_tuned_against_one_measurement_of_the_target():
+    """Each weights' acceptance and draft latency are measured on their own, the target's verify latencies once
+    (identical forward_seconds: measured twice they would differ), and the choice is the most tokens/s."""
+    from hf_vocabspec.evaluation.tune import best_weights, tune_drafter_weights
+
+    target, base = make_pair("gemma3", seed=2, head_scale=8.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "the machine was busy": expected on a shared test machine
+        searched = tune_drafter_weights(target, base, tiny_conversations(), tiny_counts(), [16, 40], [None, "int8"],
+                                        draft_lengths=[2, 3], repeats=2, context_length=16)
+    assert list(searched) == [None, "int8"]
+    (_, m_full, _, r_full), (quantized, m_int8, _, r_int8) = searched[None], searched["int8"]
+    assert m_full.forward_seconds == m_int8.forward_seconds
+    assert quantized is not base and base.lm_head.__dict__.get("forward") is None  # the base stays as loaded
+    assert r_full.weight_quantization is None and r_int8.weight_quantization == "int8"
+    best = best_weights(searched)
+    assert searched[best][3].tokens_per_second == max(r_full.tokens_per_second, r_int8.tokens_per_second)
+
+
 def test_card_reports_the_tuned_setting(tmp_path):
     from hf_vocabspec.hub import build_model_card
 

@@ -275,7 +275,15 @@ class OtherLoad:
         return self.cores is not None and self.cores > self.threshold * (os.cpu_count() or 1)
 
 
-def measure_throughput_model(
+def measure_throughput_model(target, drafter, conversations: Sequence[Conversation], counts: TokenCounts,
+                             ks: Sequence[int], **kwargs) -> tuple[ThroughputModel, dict]:
+    """Measure acceptance, draft latency per k and verify latency per L+1 (verify head on); returns the model
+    and a record of the measurements (load before/after included). Keywords: :func:`measure_throughput`."""
+    model, record, _ = measure_throughput(target, drafter, conversations, counts, ks, **kwargs)
+    return model, record
+
+
+def measure_throughput(
     target,
     drafter,
     conversations: Sequence[Conversation],
@@ -292,9 +300,13 @@ def measure_throughput_model(
     continuation_tokens: int = 64,
     confidence_thresholds: Sequence[float] = DEFAULT_CONFIDENCE_THRESHOLDS,
     progress: Callable | None = None,
-) -> tuple[ThroughputModel, dict]:
-    """Measure acceptance, draft latency per k and verify latency per L+1 (verify head on); returns the model
-    and a record of the measurements (load before/after included).
+    verify=None,
+    continued: bool = False,
+) -> tuple[ThroughputModel, dict, object]:
+    """:func:`measure_throughput_model`, also returning the target's verify latencies (``VerifyLatency``), which
+    a later call takes as ``verify`` to reuse: they do not depend on the drafter, and measuring them again per
+    drafter would rank drafters by the target's timing noise. ``continued``: the conversations already end with
+    the target's own continuation (``target_continuations``).
 
     ``acceptance``: "drafter" = the real trimmed drafter's per-position acceptance along the target's greedy
     continuation (``continuation_tokens`` per prompt) with simulated rounds (:func:`drafter_acceptance_profile`);
@@ -305,7 +317,8 @@ def measure_throughput_model(
 
     load_before, busy_before = load_check()
     if acceptance == "drafter":
-        conversations = target_continuations(target, conversations, continuation_tokens, mode=mode)
+        if not continued:
+            conversations = target_continuations(target, conversations, continuation_tokens, mode=mode)
         profile = drafter_acceptance_profile(target, drafter, conversations, counts, ks, mode=mode,
                                              context_tokens=context_tokens, always_kept=always_kept, progress=progress)
     elif acceptance == "ideal":
@@ -317,7 +330,8 @@ def measure_throughput_model(
     # the timed part: draft steps per k, verify forwards per L+1, with the linear kernels generate will run
     with OtherLoad() as others, fast_linears(target, drafter, enabled=wants_fast_linears(drafter)):
         curve = measure_draft_latency(drafter, profile.ks, context_length=context_length, repeats=repeats)
-        verify = measure_verify_latency(target, widths, context_length=context_length, repeats=repeats)
+        if verify is None or not set(widths) <= set(verify.ms):
+            verify = measure_verify_latency(target, widths, context_length=context_length, repeats=repeats)
     load_after, _ = load_check()
     busy = others.busy if others.cores is not None else busy_before
     if busy:
@@ -330,10 +344,36 @@ def measure_throughput_model(
     record = {"acceptance": profile.to_dict(), "acceptance_model": acceptance, "draft_latency": curve.to_dict(),
               "verify_ms": {str(n): verify.median_ms(n) for n in (1, *widths)},
               "verify_decode_ratio": {str(n): verify.ratio(n) for n in widths},
-              "verify_kernels": {str(n): k for n, k in verify.kernels.items()},
+              "verify_kernels": {str(n): k for n, k in verify.kernels.items() if n in widths},
               "load": [load_before, load_after], "other_processes_cores": others.cores, "busy": bool(busy),
               "threads": torch.get_num_threads(), "context_length": context_length}
-    return model, record
+    return model, record, verify
+
+
+def tune_drafter_weights(target, drafter, conversations, counts: TokenCounts, ks: Sequence[int],
+                         weight_quantizations: Sequence[str | None], *, tune_kwargs: dict | None = None,
+                         **measure_kwargs) -> dict:
+    """Per drafter weights (None = as loaded, "int8", "int4"): a quantized copy of ``drafter``, its measured
+    ThroughputModel, record and tuned result. Acceptance and draft latency are measured per weights; the target's
+    verify latencies once (they do not depend on the drafter), so the choice is not the target's timing noise."""
+    searched, verify = {}, None
+    for scheme in dict.fromkeys(check_weight_quantization(s) for s in weight_quantizations):
+        candidate = drafter
+        if scheme is not None:
+            candidate = copy.deepcopy(drafter)
+            apply_weight_quantization(list(candidate.modules()), scheme)
+        model, record, verify = measure_throughput(target, candidate, conversations, counts, ks, verify=verify,
+                                                   **measure_kwargs)
+        result = tune(model, **(tune_kwargs or {}))
+        result.weight_quantization = scheme
+        searched[scheme] = (candidate, model, record, result)
+    return searched
+
+
+def best_weights(searched: dict) -> str | None:
+    """The weights with the most predicted tokens/s (ties: the earlier listed, e.g. full precision first)."""
+    order = list(searched)
+    return max(order, key=lambda s: (searched[s][3].tokens_per_second, -order.index(s)))
 
 
 def save_tuned_drafter(base_drafter, counts: TokenCounts, result: TuneResult, out_dir, *, tokenizer=None,
@@ -421,21 +461,13 @@ def run_tune(
     special = special_token_ids(target, tokenizer)
     # context tokens are searched for every drafter (tied: pruned rows from the embedding; untied: the kept
     # context_head that trim_drafter stores by default)
-    schemes = list(dict.fromkeys(check_weight_quantization(s) for s in weight_quantizations))
-    searched = {}
-    for scheme in schemes:
-        candidate = drafter if scheme is None else copy.deepcopy(drafter)
-        if scheme is not None:
-            apply_weight_quantization(list(candidate.modules()), scheme)
-        m, rec = measure_throughput_model(target, candidate, convs, counts, ks, draft_lengths=draft_lengths,
-                                          mode=mode, always_kept=special, repeats=repeats, acceptance=acceptance,
-                                          continuation_tokens=max_new_tokens,
-                                          confidence_thresholds=confidence_thresholds, progress=progress)
-        res = tune(m, n_trials=n_trials, seed=seed, storage=storage)
-        res.weight_quantization = scheme
-        searched[scheme] = (candidate, m, rec, res)
-    # the most predicted tokens/s; ties: full precision first (the order given)
-    best = max(schemes, key=lambda s: (searched[s][3].tokens_per_second, -schemes.index(s)))
+    if acceptance == "drafter":  # the target's own continuations: one per prompt, whatever drafter is scored
+        convs = target_continuations(target, convs, max_new_tokens, mode=mode)
+    searched = tune_drafter_weights(target, drafter, convs, counts, ks, weight_quantizations, tune_kwargs={
+        "n_trials": n_trials, "seed": seed, "storage": storage}, draft_lengths=draft_lengths, mode=mode,
+        always_kept=special, repeats=repeats, acceptance=acceptance, continuation_tokens=max_new_tokens,
+        confidence_thresholds=confidence_thresholds, progress=progress, continued=True)
+    best = best_weights(searched)
     drafter, model, record, result = searched[best]
     report = {"target": target_name, "drafter": drafter_name, "dataset": dataset, "count_examples": len(counted),
               "conversations": len(convs), "mode": mode, "date": time.strftime("%Y-%m-%d %H:%M"),

@@ -31,7 +31,7 @@ class SpeculationStats:
     plain_steps: int = 0  # target-only decode steps of the batched loop (fallback or probe)
     batch_size: int = 0
     decision: str = ""  # batched loop: "speculate", "decode (...)", "forced ..."
-    kernels: str = ""  # "fast linears on N layers" or "F.linear (why)": hf_vocabspec.kernels
+    kernels: str = ""  # "fast linears on N layers" or "F.linear (why)" (hf_vocabspec.kernels), "; drafter int4 weights on M layers"
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     realign_seconds: float = 0.0  # batched loop: cache realignment and row compaction
