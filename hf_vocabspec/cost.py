@@ -428,8 +428,9 @@ def measure_draft_latency(
         return dt
 
     def k_rows(k: int) -> torch.nn.Linear:
-        head = torch.nn.Linear(weight.shape[1], k, bias=False, device=device, dtype=weight.dtype).requires_grad_(False)
-        head.weight.copy_(weight[:k])
+        head = torch.nn.utils.skip_init(torch.nn.Linear, weight.shape[1], k, bias=False, device=device,
+                                        dtype=weight.dtype).requires_grad_(False)
+        head.weight.copy_(weight[:k])  # no random init first: the rows are copied in
         if scheme is not None:
             apply_weight_quantization([head], scheme, write_values=False)
         return head

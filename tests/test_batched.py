@@ -296,7 +296,7 @@ def test_auto_remembers_its_measurements_for_the_next_calls():
     setting = ("t", False, 5)
     spec = [M("speculate", 100.0, 8, 1), M("speculate", 110.0, 8, 2)]
     plain = [M("decode", 150.0, 8, 4), M("decode", 140.0, 8, 5)]
-    memory.keep(setting, [], spec + plain)
+    memory.keep(setting, spec + plain)
     recalled = memory.recall(setting)
     assert all(x.iteration == 0 and x.calls_ago == 1 for x in recalled)
     mode, why = engine.choose_mode(recalled, 8, 0)
@@ -306,7 +306,7 @@ def test_auto_remembers_its_measurements_for_the_next_calls():
     assert memory.recall(("t", True, 5)) == []  # another setting remembers nothing
     for _ in range(engine.MEMORY_CALLS):  # calls that measure nothing new: the verdict expires
         recalled = memory.recall(setting)
-        memory.keep(setting, recalled, [])
+        memory.keep(setting, recalled)
     assert memory.recall(setting) == []
 
     # in generate: the second call with the same drafter decides at once, output still target-only's

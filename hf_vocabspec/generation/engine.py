@@ -122,13 +122,14 @@ class _Memory:
     def recall(self, setting: tuple) -> list[Measured]:
         return [replace(x, iteration=0, calls_ago=x.calls_ago + 1) for x in self.by_setting.get(setting, [])]
 
-    def keep(self, setting: tuple, recalled: list[Measured], measured: list[Measured]) -> None:
-        """This call's measurements, and the recalled ones of rows and modes this call did not measure again,
-        while younger than MEMORY_CALLS calls."""
-        new = {(x.mode, x.rows) for x in measured}
-        kept = [x for x in recalled if (x.mode, x.rows) not in new and x.calls_ago < MEMORY_CALLS]
+    def keep(self, setting: tuple, measured: list[Measured]) -> None:
+        """A call's measurements (``calls_ago`` 0) and those it recalled, of rows and modes it did not measure
+        again, while younger than MEMORY_CALLS calls."""
+        fresh = [x for x in measured if not x.calls_ago]
+        new = {(x.mode, x.rows) for x in fresh}
+        kept = [x for x in measured if x.calls_ago and (x.mode, x.rows) not in new and x.calls_ago < MEMORY_CALLS]
         for key in new:  # the latest few of each mode and row count
-            kept += [x for x in measured if (x.mode, x.rows) == key][-2 * PROBE_MEASUREMENTS:]
+            kept += [x for x in fresh if (x.mode, x.rows) == key][-2 * PROBE_MEASUREMENTS:]
         self.by_setting[setting] = kept
 
 
@@ -312,8 +313,7 @@ class SpeculativeEngine:
             self.memory = _MEMORIES.setdefault(assistant, _Memory())
         except TypeError:  # an assistant that cannot be weakly referenced: every call probes
             self.memory = _Memory()
-        self.recalled = self.memory.recall(self.setting) if self.speculation == "auto" else []
-        self.measured: list[Measured] = list(self.recalled)
+        self.measured: list[Measured] = self.memory.recall(self.setting) if self.speculation == "auto" else []
 
     # ---- helpers -------------------------------------------------------------------------------------------
     def _mask(self, length: int) -> torch.Tensor | None:
@@ -680,7 +680,7 @@ class SpeculativeEngine:
             last_mode = mode
             iteration += 1
         if self.speculation == "auto":
-            self.memory.keep(self.setting, self.recalled, [x for x in self.measured if not x.calls_ago])
+            self.memory.keep(self.setting, self.measured)
         if not self.stats.decision:
             self.stats.decision = "speculate (finished before the measured decision)"
         self._commit()
