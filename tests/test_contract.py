@@ -252,7 +252,10 @@ def test_finished_rows_are_compacted_out_invisibly():
 
 # --- power: the comparison catches a wrong row and a stop that is not honoured -------------------------------
 def test_power_row_by_row_processing_differs(monkeypatch):
-    """The old loop's bug: processors called one row at a time (every row sees itself as row 0)."""
+    """The old loop's bug: processors called one row at a time (every row sees itself as row 0). RowBan is taken
+    for stateless here so the round's positions are processed at once (``_process_target``); the stepwise path's
+    own row mix-up check is in test_structured.py."""
+    monkeypatch.setattr(engine, "is_stateless", lambda proc: True)
 
     def row_by_row(self, logits, drafts):
         out = logits.clone()

@@ -7,11 +7,12 @@ logits (kept head rows + context tokens, or the full head of an untrimmed assist
 translated to draft space, the draw (argmax or a sample), the map to target ids (RDK may move a kept draw to a
 pruned neighbour), the confidence stop, and the exact law q the draw came from (:meth:`DraftStep.q_target`).
 
-Which processors act on drafts: value-only warpers as they are; repetition penalty and min-length translated to
-draft ids; ``prefix_allowed_tokens_fn`` called with the row's ORIGINAL batch index; transformers' other (pure)
-processors through the full vocabulary (O(V), warned once). A processor written outside transformers is not
-applied to drafts: it may keep per-row state that extra calls on drafted text would disturb. That costs only
-acceptance, never exactness: the target's processors run on every verified position.
+Which processors act on drafts: only the stateless ones (``vocabulary.is_stateless``, one list): value-only
+warpers as they are; repetition penalty and min-length translated to draft ids; transformers' other pure
+processors through the full vocabulary (O(V), warned once). Every other processor (the caller's own,
+``prefix_allowed_tokens_fn``, xgrammar, outlines) is the caller's object with state that belongs to the target:
+the drafter never calls it. That costs only acceptance, never exactness (the target's processors decide every
+emitted token); a grammar can still guide drafts through a draft constraint of its own (:mod:`.constraints`).
 """
 
 from __future__ import annotations
@@ -24,14 +25,13 @@ from transformers.cache_utils import DynamicCache
 from transformers.generation.logits_process import (
     MinLengthLogitsProcessor,
     MinNewTokensLengthLogitsProcessor,
-    PrefixConstrainedLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
 )
 
 from ..modeling import TrimmedDrafter, cache_kwarg
 from ..rdk import drafter_kernel
 from .stats import SpeculationStats
-from .vocabulary import DraftVocabulary, is_value_only
+from .vocabulary import DraftVocabulary, is_stateless, is_value_only
 
 
 @dataclass
@@ -99,26 +99,6 @@ class _DraftMinLength(_RowAware):
         return scores
 
 
-class _DraftPrefixConstrained(_RowAware):
-    """``prefix_allowed_tokens_fn(batch_id, sent)`` on drafts, with the row's original batch index."""
-
-    def __init__(self, proc: PrefixConstrainedLogitsProcessor, vocab: DraftVocabulary | None):
-        self.fn = proc._prefix_allowed_tokens_fn
-        self.num_beams = proc._num_beams
-        self.vocab = vocab
-
-    def __call__(self, input_ids, scores, row_ids):
-        mask = torch.full_like(scores, float("-inf"))
-        for row in range(input_ids.shape[0]):
-            allowed = torch.as_tensor(self.fn(row_ids[row] // self.num_beams, input_ids[row]), dtype=torch.long,
-                                      device=scores.device).reshape(-1)
-            if self.vocab is not None:
-                allowed = self.vocab.draft_index(allowed.to(self.vocab.t2d.device))
-                allowed = allowed[allowed >= 0].to(scores.device)
-            mask[row, allowed] = 0
-        return scores + mask
-
-
 class _FullVocabFallback(_RowAware):
     """One of transformers' own (pure) processors: applied on the full vocabulary, kept rows read back. O(V)."""
 
@@ -129,10 +109,6 @@ class _FullVocabFallback(_RowAware):
 
     def __call__(self, input_ids, scores, row_ids):
         return self.proc(input_ids, self.vocab.scatter(scores, size=self.vocab_size))[..., self.vocab.ids]
-
-
-def _from_transformers(proc) -> bool:
-    return type(proc).__module__.startswith("transformers.")
 
 
 def draft_space_processors(logits_processor, vocab: DraftVocabulary | None, vocab_size: int | None = None) -> list:
@@ -146,10 +122,8 @@ def draft_space_processors(logits_processor, vocab: DraftVocabulary | None, voca
             out.append(_DraftRepetitionPenalty(proc, vocab))
         elif isinstance(proc, (MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor)):
             out.append(_DraftMinLength(proc, vocab))
-        elif isinstance(proc, PrefixConstrainedLogitsProcessor):
-            out.append(_DraftPrefixConstrained(proc, vocab))
-        elif not _from_transformers(proc):
-            continue  # verification applies it; drafts skip it (see the module docstring)
+        elif not is_stateless(proc):
+            continue  # the caller's object, with state the target owns: verification alone calls it (docstring)
         elif vocab is None:
             out.append(_Plain(proc))
         else:
@@ -198,6 +172,7 @@ class DraftStep:
         # the TARGET's id space (a padded target has more rows than the drafter's ids)
         self.vocab_size = int(vocab_size or assistant.config.get_text_config().vocab_size)
         self.processors = draft_space_processors(logits_processor, self.vocab, self.vocab_size)
+        self.constraint = None  # a draft constraint (.constraints.TrackedConstraint) the engine sets for a call
         self.value_only = all(is_value_only(p) for p in self.processors)
         embedding = self.body.get_input_embeddings()
         rows = getattr(embedding, "num_embeddings", None)
@@ -262,6 +237,28 @@ class DraftStep:
         dead = ~torch.isfinite(out).any(dim=-1)  # nothing allowed in draft space: draft unconstrained
         return torch.where(dead[:, None], logits, out) if bool(dead.any()) else out
 
+    def constrain(self, logits: torch.Tensor, row_ids: list[int]) -> torch.Tensor:
+        """Each row's draft-space logits masked to what its draft constraint allows (a row it leaves unconstrained,
+        or whose allowed tokens all lie outside the draft space, drafts freely)."""
+        out = logits
+        ids = self.vocab.ids if self.vocab is not None else torch.arange(logits.shape[-1], device=logits.device)
+        for b, row in enumerate(row_ids):
+            allowed = self.constraint.allowed(row)
+            if allowed is None:
+                continue
+            allowed = allowed.to(logits.device)
+            if allowed.dtype == torch.bool:  # a mask over target ids
+                ok = allowed[ids.clamp(max=allowed.numel() - 1)] & (ids < allowed.numel())
+            else:  # allowed target ids
+                ok = torch.zeros(ids.numel(), dtype=torch.bool, device=logits.device)
+                idx = self.vocab.draft_index(allowed) if self.vocab is not None else allowed[allowed < ids.numel()]
+                ok[idx[idx >= 0]] = True
+            if bool(ok.any()):
+                if out is logits:
+                    out = logits.clone()
+                out[b].masked_fill_(~ok, float("-inf"))
+        return out
+
     def draw(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(idx (B, 1), probs (B, n_ids) or None): argmax, or a sample from softmax(logits)."""
         if self.do_sample:
@@ -297,6 +294,8 @@ class DraftStep:
                  position_ids=None) -> DraftedToken:
         """Feed ``input_ids`` after ``cache`` and draft the next position of every row."""
         logits = self.process(self.logits(input_ids, cache, attention_mask, position_ids), contexts, row_ids)
+        if self.constraint is not None:
+            logits = self.constrain(logits, row_ids if row_ids is not None else list(range(logits.shape[0])))
         idx, probs = self.draw(logits)
         token = self.to_tokens(idx)
         self.stats.draft_steps += 1

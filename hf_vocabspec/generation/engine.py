@@ -64,9 +64,10 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from ..compatibility import target_rows
 from ..configuration import SPECULATION_MODES
 from ..modeling import cache_kwarg
+from .constraints import TrackedConstraint, draft_constraint_for
 from .draft_step import DraftStep
 from .stats import SpeculationStats
-from .vocabulary import is_value_only
+from .vocabulary import is_stateless, is_value_only
 
 # Measurements of each mode the auto decision needs (the first round or step after a switch is not timed: it
 # pays one-off costs such as the drafter catching up on the tokens plain steps made).
@@ -142,6 +143,16 @@ class _Round:
 
     accepted: torch.Tensor  # (B,) drafts accepted per row
     new_tokens: torch.Tensor  # (B,) the target's token after the accepted drafts
+
+
+@dataclass
+class _Pending:
+    """One verified position of a row that the stepwise loop has not decided yet: the target's raw logits there,
+    the draft they judge (-1: none, the target's own token is due) and the law q the draft was drawn from."""
+
+    raw: torch.Tensor  # (V,) float32
+    draft: int
+    q: torch.Tensor | None  # (V,) sampling only
 
 
 def unsupported_layer_types(config) -> list[str]:
@@ -249,7 +260,8 @@ class SpeculativeEngine:
     def __init__(self, target, assistant, input_ids, logits_processor, stopping_criteria, generation_config, *,
                  attention_mask: torch.Tensor | None, target_cache: DynamicCache | None, num_draft_tokens: int,
                  confidence_threshold: float = 0.0, speculation: str = "auto", streamer=None,
-                 schedule: str = "constant", keep_scores: bool = False, keep_logits: bool = False):
+                 schedule: str = "constant", keep_scores: bool = False, keep_logits: bool = False,
+                 constrain_drafts: bool = True):
         if speculation not in SPECULATION_MODES:
             raise ValueError(f"batched_speculation must be one of {SPECULATION_MODES}, got {speculation!r}: set "
                              "drafter.generation_config.batched_speculation to one of them.")
@@ -280,14 +292,22 @@ class SpeculativeEngine:
         # criteria other than EOS / length may read the scores: the processed logits of each emitted token are kept
         # until its step is committed (also what output_scores returns)
         self.need_scores = keep_scores or not all(map(_is_simple, self.criteria))
-        self.lazy = streamer is not None or keep_logits or self.need_scores
+        # Processors not known to be stateless are called exactly as target-only calls them: once per step
+        # (``_stepwise_round``); the stateless ones on a round's positions at once (``_process_target``).
+        self.stepwise = not all(is_stateless(p) for p in self.processors)
+        self.lazy = self.stepwise or streamer is not None or keep_logits or self.need_scores
         self.keep_scores, self.keep_logits = keep_scores, keep_logits
-        self.stats = SpeculationStats(batch_size=B)
+        self.stats = SpeculationStats(batch_size=B, stepwise=self.stepwise)
         self.step = DraftStep(assistant, self.processors, do_sample=self.do_sample,
                               confidence_threshold=confidence_threshold, stats=self.stats, vocab_size=self.vocab_size)
         self.target_cache = _AlignedCache(target_cache if target_cache is not None else
                                           DynamicCache(config=target.config.get_text_config(decoder=True)))
         self.draft_cache = _AlignedCache(self.step.new_cache())
+        # A grammar among the processors guides the drafts through the drafter's own copy of it (.constraints)
+        found = draft_constraint_for(self.processors) if self.stepwise and constrain_drafts else None
+        self.constraint = TrackedConstraint(found, B) if found is not None else None
+        self.step.constraint = self.constraint
+        self.stats.draft_constraint = type(found).__name__ if found is not None else ""
         # Per original row: tokens emitted by verification (beyond ``committed``: not yet seen by the criteria),
         # where its computation ended (EOS / budget) and where the criteria finished it.
         self.gen: list[list[int]] = [[] for _ in range(B)]
@@ -305,6 +325,9 @@ class SpeculativeEngine:
         self.pad_cols = (P - mask.sum(dim=1)).long()
         self.rows = torch.arange(B, device=self.device)  # original row of each computing row
         self.emitted: list[int] = []  # tokens emitted since the drafter's context tokens were last updated
+        # Stepwise: per original row, its verified but not yet decided positions (``_Pending``), one per token at
+        # the end of seq that is still tentative (a draft the batch has not reached yet).
+        self.chain: list[list[_Pending]] = [[] for _ in range(B)]
         if self.step.vocab is not None:  # the prompts' own tokens (padding excluded)
             self.step.vocab.add(input_ids[mask.bool()])
         self.drafted_len = 0  # columns of seq the drafter cache holds
@@ -387,10 +410,12 @@ class SpeculativeEngine:
 
     # ---- one round ---------------------------------------------------------------------------------------
     def _contexts(self):
-        """Per computing row, the sequence the draft-space processors see (target-only's layout)."""
+        """Per computing row, the sequence the draft-space processors see (target-only's layout; with its
+        tentative drafts, stepwise)."""
         if self.step.value_only:
             return None
-        return [torch.cat([self.prompt[r], torch.tensor(self.gen[r], dtype=torch.long, device=self.device)])
+        return [torch.cat([self.prompt[r], torch.tensor(self.gen[r] + [e.draft for e in self.chain[r]],
+                                                        dtype=torch.long, device=self.device)])
                 for r in self.rows.tolist()]
 
     def _draft(self, L: int):
@@ -416,6 +441,9 @@ class SpeculativeEngine:
             proposes = torch.where(~stopped & ends, s + 1, proposes)
             stopped |= ends
             to_feed = d.token
+            if self.constraint is not None:
+                for r, token in zip(row_ids, d.token[:, 0].tolist()):
+                    self.constraint.draft(r, token)
             if bool(stopped.all()):
                 break
             if contexts is not None:
@@ -532,44 +560,40 @@ class SpeculativeEngine:
         return torch.tensor([self.ended[r] is not None or self.finished_at[r] is not None for r in self.rows.tolist()],
                             dtype=torch.bool, device=self.device)
 
-    def _advance(self, result: _Round, drafts: torch.Tensor | None) -> None:
-        """Cut both caches to the accepted prefix, realign the rows, compact stopped rows out."""
+    def _advance(self, full: torch.Tensor, kept: torch.Tensor, new: torch.Tensor) -> None:
+        """Computing row b keeps the first ``kept[b]`` columns of ``full`` (seq, then this round's drafts) and then
+        its new token ``new[b]`` (-1: none, its last kept column is a tentative draft); rows are realigned to end at
+        the same column, both caches cut to what each row keeps (each holds all but the last 1-2 tokens of a row:
+        what the next round feeds), stopped rows compacted out."""
         start = time.perf_counter()
-        T = self.seq.shape[1]
-        L = drafts.shape[1] if drafts is not None else 0
-        n = result.accepted
-        # tail[b] = the row's accepted drafts, then the target's new token at index n[b]
-        tail = result.new_tokens[:, None] if drafts is None else torch.cat([drafts, drafts[:, :1]], dim=1).scatter(
-            1, n[:, None], result.new_tokens[:, None])
         keep_rows = (~self._stopped_rows()).nonzero().flatten()
         if keep_rows.numel() < self.rows.numel():
-            self.rows, self.pad_cols, n, tail = (self.rows[keep_rows], self.pad_cols[keep_rows], n[keep_rows],
-                                                 tail[keep_rows])
-            self.seq = self.seq[keep_rows]
+            self.rows, self.pad_cols = self.rows[keep_rows], self.pad_cols[keep_rows]
+            full, kept, new = full[keep_rows], kept[keep_rows], new[keep_rows]
             self.target_cache.select(keep_rows)
             self.draft_cache.select(keep_rows)
         if self.rows.numel() == 0:
             self.stats.realign_seconds += time.perf_counter() - start
             return
-        m = int(n.max())
-        shift = m - n
-        new_seq = self.seq.new_full((self.seq.shape[0], T + m + 1), self.pad)
-        for s in torch.unique(shift).tolist():
-            rows = (shift == s).nonzero().flatten()
-            c = m - s  # accepted drafts of these rows
-            new_seq[rows, s : s + T] = self.seq[rows]
-            new_seq[rows, s + T : s + T + c] = tail[rows, :c]
-            new_seq[rows, -1] = tail[rows, c]
-        self.seq = new_seq
+        has_new = new >= 0
+        length = kept + has_new.long()  # each row's new length, in its own columns
+        m = int(length.max())
+        shift = m - length
+        cols = torch.arange(m, device=self.device)[None, :] - shift[:, None]  # new column -> column of full
+        inside = (cols >= 0) & (cols < kept[:, None])
+        seq = torch.where(inside, full.gather(1, cols.clamp(0, full.shape[1] - 1)), self.pad)
+        self.seq = torch.where(has_new[:, None] & (cols == kept[:, None]), new[:, None], seq)
         self.pad_cols = self.pad_cols + shift
-        # target: [0, T-1) old + [last, d_1..d_n] valid -> T + n columns, aligned at T + m
-        self.target_cache.keep(T + n, T + m)
-        if L:  # drafter: it fed seq and d_1..d_{L-1}; the batch feeds one block next round, so it keeps all it
-            # fed of the accepted prefix unless a row accepted every draft (then d_L and the new token are due)
-            feed = 2 if bool((n >= L).any()) else 1
-            self.draft_cache.keep(T + n + 1 - feed, T + m + 1 - feed)
-            self.drafted_len = T + m + 1 - feed
-        # (a plain decode step: the drafter fed nothing, every row grew by one token, no shift)
+        self.target_cache.keep(length - 1, m - 1)  # the last token of every row is fed next round
+        # the drafter holds [0, drafted_len) of full; a row keeps what is still valid, all rows the same number of
+        # columns short of their end (one block is fed next round)
+        short = max(1, int((length - kept.clamp(max=self.drafted_len)).max()))
+        if short > int(length.min()):  # rare (a drafter far behind, rows far apart): it re-reads the rows
+            self.draft_cache = _AlignedCache(self.step.new_cache())
+            self.drafted_len = 0
+        else:
+            self.draft_cache.keep(length - short, m - short)
+            self.drafted_len = m - short
         common = int(self.pad_cols.min())
         if common:  # crop the padding every row shares
             self.seq = self.seq[:, common:]
@@ -584,6 +608,8 @@ class SpeculativeEngine:
 
     def _speculative_round(self) -> int:
         L = min(self.L, self._remaining() - 1)
+        if self.stepwise:
+            return self._stepwise_round(max(L, 0), plain=False)
         if L < 1:  # one token left: a round with no drafts (counted as one, as transformers' loop counts it)
             rows = self.rows.numel()
             self.stats.rounds += 1
@@ -613,12 +639,15 @@ class SpeculativeEngine:
         if self.schedule in ("heuristic", "heuristic_transient"):  # transformers' schedule, on the whole batch
             self.L = self.L + 2 if bool((result.accepted == proposes).all()) else max(1, self.L - 1)
         self._commit()
-        self._advance(result, drafts)
+        T = self.seq.shape[1]
+        self._advance(torch.cat([self.seq, drafts], dim=1), T + result.accepted, result.new_tokens)
         return emitted
 
     def _plain_step(self, round_: bool = False) -> int:
         """One target-only decode step for every computing row (exact: argmax or a draw from p); ``round_``: the
         last round of a speculative run (no room for drafts), not a plain decoding step."""
+        if self.stepwise:
+            return self._stepwise_round(0, plain=not round_)
         start = time.perf_counter()
         raw = self._target_forward(self.seq[:, self.target_cache.length :], keep=1)
         logits = self._process_target(raw, None)
@@ -629,8 +658,125 @@ class SpeculativeEngine:
         result = _Round(torch.zeros_like(new), new)
         emitted = self._emit(None, result, logits, raw)
         self._commit()
-        self._advance(result, None)
+        self._advance(self.seq, torch.full_like(new, self.seq.shape[1]), new)
         return emitted
+
+    # ---- the exact processor contract (processors with state) ---------------------------------------------
+    def _stepwise_round(self, L: int, plain: bool) -> int:
+        """One round under target-only's processor protocol: the processors are called once per generated step,
+        on the whole batch in the caller's row order, every unfinished row advanced by exactly its emitted token
+        (pads once finished), never on a draft that is later rejected, never twice for a step.
+
+        Drafting and the verify forward are as in any round (L = 0: a plain step). Each row's verified positions
+        join its queue of undecided positions (``self.chain``); then the batch moves in lockstep: step t calls
+        the processors on ``committed_ids`` with every live row's raw logits of its next position, decides each
+        row's token there (greedy: the argmax, accepting the draft if it is that; sampling: accept d with
+        probability min(1, p(d)/q(d)), else a draw from the residual, or from p where no draft waits), and
+        commits the step (criteria, streamer) before the next. It stops at the first step some live row has no
+        verified position for; a row that verified further keeps its positions (and its drafts stay in its
+        sequence and caches, tentatively) until the batch reaches them: nothing verified is recomputed. A row
+        holding L undecided drafts proposes no more until they are decided."""
+        start = time.perf_counter()
+        T = self.seq.shape[1]
+        rows = self.rows.tolist()
+        tentative = torch.tensor([len(self.chain[r]) for r in rows], device=self.device)
+        drafts = q_full = None
+        proposes = torch.zeros(len(rows), dtype=torch.long, device=self.device)
+        if L:
+            self._take_context()
+            _, q, drafts, proposes = self._draft(L)
+            proposes = torch.minimum(proposes, (self.L - tentative).clamp(min=0))
+        t_draft = time.perf_counter()
+        fresh = self.seq[:, self.target_cache.length :]
+        n = drafts.shape[1] if drafts is not None else 0
+        raw = self._target_forward(fresh if drafts is None else torch.cat([fresh, drafts], dim=1), keep=n + 1)
+        if drafts is not None and q is not None:
+            q_full = self.step.q_target(q, raw.shape[-1])
+        props = proposes.tolist()
+        draft_rows = drafts.tolist() if drafts is not None else None
+        for i, r in enumerate(rows):
+            for j in range(props[i]):
+                self.chain[r].append(_Pending(raw[i, j], draft_rows[i][j], q_full[i, j] if q_full is not None else None))
+            self.chain[r].append(_Pending(raw[i, props[i]], -1, None))
+        where = {r: i for i, r in enumerate(rows)}
+        accepted = [0] * len(rows)
+        new = [-1] * len(rows)
+        emitted = 0
+        V = raw.shape[-1]
+        while True:
+            unfinished = self.unfinished.tolist()
+            live = [r for r in rows if unfinished[r]]
+            if not live or any(not self.chain[r] for r in live):
+                break
+            entries = [self.chain[r].pop(0) for r in live]
+            at = torch.tensor(live, device=self.device)
+            scores = raw.new_zeros((self.B, V))
+            scores[at] = torch.stack([e.raw for e in entries])
+            mine = self.processors(self.committed_ids, scores)[at]
+            tokens, ok = self._decide(mine, entries)
+            for k, (r, t, good) in enumerate(zip(live, tokens, ok)):
+                i = where[r]
+                self.gen[r].append(t)
+                self.emitted.append(t)
+                emitted += 1
+                if self.need_scores:
+                    self.pending_scores[r].append(mine[k])
+                if self.keep_logits:
+                    self.pending_logits[r].append(entries[k].raw)
+                if good:
+                    accepted[i] += 1
+                else:  # a rejected draft, or the target's own token: the row's other positions are void
+                    new[i] = t
+                    self.chain[r] = []
+                if t in self.eos_set or len(self.gen[r]) >= self.max_new:
+                    self.ended[r] = len(self.gen[r])
+            self._commit()
+        kept = []
+        for i, r in enumerate(rows):
+            if self.chain[r] and self.chain[r][-1].draft < 0:  # its logits come back with the next round's
+                self.chain[r].pop()
+            kept.append(T - int(tentative[i]) + accepted[i] + len(self.chain[r]))
+            if self.constraint is not None and self.ended[r] is None and self.finished_at[r] is None:
+                self.constraint.sync(r, self.gen[r] + [e.draft for e in self.chain[r]])
+        t_verify = time.perf_counter()
+        self.stats.draft_seconds += t_draft - start
+        self.stats.verify_seconds += t_verify - t_draft
+        if plain:
+            self.stats.plain_steps += 1
+        else:
+            self.stats.rounds += 1
+            self.stats.row_rounds += len(rows)
+            self.stats.proposed += sum(props)
+            self.stats.accepted += sum(accepted)
+            self.stats.per_round_accepted.extend(accepted)
+            self.stats.per_round_proposed.extend(props)
+        if self.schedule in ("heuristic", "heuristic_transient") and L:
+            self.L = self.L + 2 if all(a >= p for a, p in zip(accepted, props)) else max(1, self.L - 1)
+        full = self.seq if drafts is None else torch.cat([self.seq, drafts], dim=1)
+        self._advance(full, torch.tensor(kept, device=self.device), torch.tensor(new, device=self.device))
+        return emitted
+
+    def _decide(self, scores: torch.Tensor, entries: list[_Pending]) -> tuple[list[int], list[bool]]:
+        """Each row's token at one step from its processed scores, and whether it is the waiting draft."""
+        drafts = torch.tensor([e.draft for e in entries], device=scores.device)
+        has = drafts >= 0
+        d = drafts.clamp(min=0)
+        if not self.do_sample:
+            best = scores.argmax(dim=-1)
+            ok = has & (best == d)
+            return torch.where(ok, d, best).tolist(), ok.tolist()
+        p = scores.softmax(dim=-1)
+        if not bool(has.any()):
+            return torch.multinomial(p, 1)[:, 0].tolist(), [False] * len(entries)
+        q = torch.stack([e.q if e.draft >= 0 else p.new_zeros(p.shape[-1]) for e in entries])
+        p_d = p.gather(1, d[:, None])[:, 0]
+        q_d = q.gather(1, d[:, None])[:, 0]
+        ok = has & (torch.rand_like(p_d) * q_d <= p_d)  # u <= p/q, without dividing
+        residual = (p - q).clamp(min=0)
+        total = residual.sum(dim=-1, keepdim=True)
+        residual = torch.where(total > 0, residual / total.clamp(min=1e-30), p)
+        law = torch.where((has & ~ok)[:, None], residual, p)
+        return torch.where(ok, d, torch.multinomial(law, 1)[:, 0]).tolist(), ok.tolist()
 
     # ---- the loop ----------------------------------------------------------------------------------------
     def _prefill(self, P: int) -> None:

@@ -42,6 +42,7 @@ from ..configuration import check_batched_speculation, check_draft_length
 from ..modeling import TrimmedDrafter, forward_has_cache, position_limit
 from .candidates import TrimmedCandidateGenerator
 from .engine import SpeculativeEngine, unsupported_layer_types
+from .vocabulary import is_stateless
 
 _ORIGINALS: dict[str, object] = {}
 # Set by _validate_generation_mode for the call under way: whether its assistant is ours (then
@@ -294,7 +295,8 @@ def _run_engine(target, assistant, bound: dict, kernels: str = "F.linear (not ou
         schedule=_assistant_setting(assistant, generation_config, "num_assistant_tokens_schedule") or "constant",
         speculation=speculation, streamer=bound.get("streamer"),
         keep_scores=bool(generation_config.return_dict_in_generate and generation_config.output_scores),
-        keep_logits=bool(generation_config.return_dict_in_generate and generation_config.output_logits))
+        keep_logits=bool(generation_config.return_dict_in_generate and generation_config.output_logits),
+        constrain_drafts=_constrain_drafts(assistant))
     engine.stats.kernels = kernels
     sequences = engine.run()
     assistant.last_speculation_stats = engine.stats
@@ -302,6 +304,22 @@ def _run_engine(target, assistant, bound: dict, kernels: str = "F.linear (not ou
         return GenerateDecoderOnlyOutput(sequences=sequences, scores=tuple(engine.scores) or None,
                                          logits=tuple(engine.raw_logits) or None)
     return sequences
+
+
+def _constrain_drafts(assistant) -> bool:
+    """``drafter.generation_config.constrain_drafts`` (default True): whether a grammar among the processors also
+    guides the drafts (through the drafter's own copy of it, generation/constraints.py)."""
+    value = getattr(getattr(assistant, "generation_config", None), "constrain_drafts", True)
+    if not isinstance(value, bool):
+        raise ValueError(f"constrain_drafts must be True or False (got {value!r}): set "
+                         "drafter.generation_config.constrain_drafts = True or False.")
+    return value
+
+
+def processors_with_state(bound: dict) -> list[str]:
+    """Names of the call's logits processors not known to be stateless (``vocabulary.is_stateless``): only our
+    engine calls them as target-only does; transformers' assisted loop calls them on drafted positions."""
+    return [type(p).__name__ for p in bound.get("logits_processor") or [] if not is_stateless(p)]
 
 
 def _assistant_setting(assistant, generation_config, name: str):
@@ -379,8 +397,9 @@ def install() -> None:
         assistant = bound.get("assistant_model")
         input_ids = bound["input_ids"]
         model_kwargs = dict(bound.get("model_kwargs", {}))
+        stateful = processors_with_state(bound)
         if not is_ours(assistant):
-            if input_ids.shape[0] > 1 and batchable_plain_assistant(self, assistant, bound):
+            if (input_ids.shape[0] > 1 or stateful) and batchable_plain_assistant(self, assistant, bound):
                 check_inputs(self, assistant, input_ids, model_kwargs.get("attention_mask"),
                              bound["generation_config"].max_length)
                 return _run_engine(self, assistant, bound)
@@ -388,11 +407,16 @@ def install() -> None:
         check_inputs(self, assistant, input_ids, model_kwargs.get("attention_mask"),
                              bound["generation_config"].max_length)
         if getattr(assistant, "_hf_vocabspec_candidate_generator", None) is not None and input_ids.shape[0] == 1:
+            if stateful:
+                raise ValueError(f"SSD drafts inside transformers' loop, which calls logits processors on drafted "
+                                 f"positions: {', '.join(stateful)} keep(s) state that this would corrupt. Pass the "
+                                 "session's trimmed drafter (session.drafter) as assistant_model for constrained "
+                                 "generation.")
             return assisted(self, *args, **kwargs)  # SSD: its candidate generator inside transformers' loop
         # Fast linears first: the head they swap is then left alone by the verify head (it sees a wrapped forward).
         with _kernels.fast_linears(self, assistant, enabled=_kernels.wants_fast_linears(assistant)) as fast, \
                 _verify_head.verify_head(self, enabled=_verify_head.wants_verify_head(assistant)):
-            if _TRANSFORMERS_LOOP.get() and input_ids.shape[0] == 1:
+            if _TRANSFORMERS_LOOP.get() and input_ids.shape[0] == 1 and not stateful:
                 return assisted(self, *args, **kwargs)
             kernels = str(fast)
             scheme = getattr(getattr(assistant, "config", None), "weight_quantization", None)

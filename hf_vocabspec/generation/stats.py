@@ -30,6 +30,8 @@ class SpeculationStats:
     row_rounds: int = 0  # (row, round) pairs; equals rounds at batch 1
     plain_steps: int = 0  # target-only decode steps of the batched loop (fallback or probe)
     batch_size: int = 0
+    stepwise: bool = False  # processors with state: called once per generated step (the exact processor contract)
+    draft_constraint: str = ""  # the drafter's own copy of the call's grammar (generation/constraints.py), if any
     decision: str = ""  # batched loop: "speculate", "decode (...)", "forced ..."
     kernels: str = ""  # "fast linears on N layers" or "F.linear (why)" (hf_vocabspec.kernels), "; drafter int4 weights on M layers"
     draft_seconds: float = 0.0

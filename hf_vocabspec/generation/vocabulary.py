@@ -11,8 +11,19 @@ import torch
 from transformers.generation.logits_process import (
     EpsilonLogitsWarper,
     EtaLogitsWarper,
+    ForcedBOSTokenLogitsProcessor,
+    ForcedEOSTokenLogitsProcessor,
+    InfNanRemoveLogitsProcessor,
     LogitNormalization,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
     MinPLogitsWarper,
+    NoBadWordsLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    SequenceBiasLogitsProcessor,
+    SuppressTokensAtBeginLogitsProcessor,
+    SuppressTokensLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
@@ -113,6 +124,34 @@ class DraftVocabulary:
         """Draft index of each target id, -1 where it has none (pruned, or past the drafter's ids)."""
         inside = target_ids < self.t2d.numel()
         return torch.where(inside, self.t2d[target_ids.clamp(max=self.t2d.numel() - 1)], -1)
+
+
+# THE list of processors known to be stateless: each is a pure function of (input_ids, scores) (read from
+# transformers' sources: they keep no per-call or per-row state beyond lazily derived constants), so calling it
+# on positions that are later rejected, twice for one step, or per distinct row length is harmless, and the engine
+# may process a round's verified positions all at once. EVERY other processor (the caller's own,
+# ``prefix_allowed_tokens_fn``'s user function, xgrammar, outlines, lm-format-enforcer, watermarking with state)
+# is called exactly as target-only generate calls it: once per generated step (engine.py, "stepwise").
+_STATELESS = (
+    *_VALUE_ONLY,
+    RepetitionPenaltyLogitsProcessor,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
+    NoBadWordsLogitsProcessor,
+    SequenceBiasLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+    SuppressTokensAtBeginLogitsProcessor,
+    ForcedBOSTokenLogitsProcessor,
+    ForcedEOSTokenLogitsProcessor,
+    InfNanRemoveLogitsProcessor,
+)
+
+
+def is_stateless(proc) -> bool:
+    """Whether a processor is one of transformers' own that is a pure function of (ids, scores) (exact type: a
+    subclass may add state)."""
+    return type(proc) in _STATELESS
 
 
 def is_value_only(proc) -> bool:
