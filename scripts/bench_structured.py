@@ -1,0 +1,149 @@
+"""Structured workload: JSON-schema extraction prompts made from held-out chat text, speculative vs target-only
+with the SAME constraint (xgrammar's HF processor, a fresh one per call), greedy.
+
+Methods, interleaved prompt by prompt and repeated (the first repeat warms up and is dropped):
+- target-only + schema; speculative + schema with the draft constraint (the drafter's own copy of the grammar,
+  the default); speculative + schema without it (``constrain_drafts = False``);
+- target-only and speculative without a schema (the unconstrained speedup on the same prompts).
+Prints a markdown table naming the machine: tokens/s median and range, ratio to target-only with the same
+constraint, acceptance (accepted / proposed drafts, tau), and whether every output equals target-only's.
+
+    .venv/bin/python scripts/bench_structured.py                                  # pair G
+    .venv/bin/python scripts/bench_structured.py --target offline:qwen2.5-coder-1.5b-instruct \\
+        --drafter offline:qwen2.5-coder-0.5b-instruct --prompts 3 --max-new-tokens 48        # pair Q
+    .venv/bin/python scripts/bench_structured.py --target offline:smollm2-135m-instruct --prompts 2 \\
+        --max-new-tokens 24 --repeats 1                                                        # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from hf_vocabspec.evaluation.benchmark import machine_info
+from hf_vocabspec.evaluation.data import first_exchange, load_workload
+from hf_vocabspec.evaluation.offline import load_model
+from hf_vocabspec.trimming import trim_drafter
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "topic": {"type": "string", "maxLength": 40},
+        "language": {"type": "string", "maxLength": 16},
+        "is_question": {"type": "boolean"},
+        "keywords": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 3},
+    },
+    "required": ["topic", "language", "is_question", "keywords"],
+    "additionalProperties": False,
+}
+INSTRUCTION = ("Read the text below and answer only with a JSON object with the fields topic (string), language "
+               "(string), is_question (boolean) and keywords (up to 3 strings).\n\nText: ")
+
+
+def json_prompts(dataset, tokenizer, n: int, max_chars: int = 400) -> list[torch.Tensor]:
+    """Held-out first user turns wrapped in the extraction instruction, chat-templated where the tokenizer has a
+    template (plain text otherwise)."""
+    out = []
+    for i in range(len(dataset)):
+        exchange = first_exchange(dataset[i], tokenizer, min_user_chars=40)
+        if exchange is None:
+            continue
+        user = next(m["content"] for m in dataset[i]["messages"] if m["role"] == "user")[:max_chars]
+        text = INSTRUCTION + user
+        if tokenizer.chat_template:
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                return_tensors="pt", return_dict=True)["input_ids"]
+        else:
+            ids = tokenizer(text + "\nJSON: ", return_tensors="pt")["input_ids"]
+        out.append(ids)
+        if len(out) == n:
+            break
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="offline:gemma-3-270m")
+    ap.add_argument("--drafter", default=None, help="the untrimmed drafter (default: the target's own copy)")
+    ap.add_argument("--drafter-dtype", default="bfloat16")
+    ap.add_argument("--coverage", type=float, default=0.95)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--repeats", type=int, default=2)
+    args = ap.parse_args()
+
+    import xgrammar as xgr
+    from xgrammar.contrib.hf import LogitsProcessor as XgrProcessor
+
+    work = load_workload(args.target, "offline:sharegpt", 4000, progress=False)
+    tokenizer, target = work.tokenizer, work.target
+    k = work.counts.smallest_k_for_coverage(args.coverage)
+    base = load_model(args.drafter or args.target, dtype=getattr(torch, args.drafter_dtype))
+    drafter = trim_drafter(base, work.counts.top_k(k), tokenizer=tokenizer).eval()
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=target.get_output_embeddings().weight.shape[0])
+    grammar = xgr.GrammarCompiler(info).compile_json_schema(json.dumps(SCHEMA), any_whitespace=False)
+    prompts = json_prompts(work.held_out, tokenizer, args.prompts)
+    gen = dict(do_sample=False, max_new_tokens=args.max_new_tokens)
+
+    def run(p, assistant, schema: bool, constrain: bool = True):
+        if assistant is not None:
+            assistant.generation_config.constrain_drafts = constrain
+        kw = {"logits_processor": [XgrProcessor(grammar)]} if schema else {}
+        return target.generate(p, attention_mask=torch.ones_like(p), assistant_model=assistant, **gen, **kw)
+
+    methods = {
+        "target-only + schema": lambda p: run(p, None, True),
+        "speculative + schema, draft constraint": lambda p: run(p, drafter, True, True),
+        "speculative + schema, drafts unconstrained": lambda p: run(p, drafter, True, False),
+        "target-only, no schema": lambda p: run(p, None, False),
+        "speculative, no schema": lambda p: run(p, drafter, False),
+    }
+    baseline = {m: ("target-only + schema" if "schema," in m or m.endswith("+ schema") else "target-only, no schema")
+                for m in methods}
+    refs = {True: [run(p, None, True) for p in prompts], False: [run(p, None, False) for p in prompts]}
+    tps = {m: [] for m in methods}
+    identical = {m: True for m in methods}
+    acc = {m: [0, 0, 0] for m in methods}  # accepted, proposed, row rounds
+    with torch.no_grad():
+        for rep in range(args.repeats + 1):
+            spent, made = dict.fromkeys(methods, 0.0), dict.fromkeys(methods, 0)
+            for i, p in enumerate(prompts):
+                for name, fn in methods.items():
+                    t0 = time.perf_counter()
+                    out = fn(p)
+                    spent[name] += time.perf_counter() - t0
+                    made[name] += out.shape[1] - p.shape[1]
+                    identical[name] &= torch.equal(out, refs["no schema" not in name][i])
+                    if name.startswith("speculative") and rep:
+                        s = drafter.last_speculation_stats
+                        acc[name][0] += s.accepted
+                        acc[name][1] += s.proposed
+                        acc[name][2] += s.row_rounds
+            if rep:
+                for m in methods:
+                    tps[m].append(made[m] / spent[m])
+    machine = machine_info()
+    print(f"Machine: {machine['cpu']} ({machine['torch_threads']} torch threads, AVX-512 BF16: "
+          f"{machine['native_bf16']}), torch {machine['torch']}, transformers {machine['transformers']}, "
+          f"{machine['date']}; target {args.target}, drafter {args.drafter or args.target} {args.drafter_dtype} "
+          f"k={k} ({args.coverage:.0%} coverage), L={drafter.generation_config.num_assistant_tokens}, "
+          f"{len(prompts)} JSON-schema prompts x {args.max_new_tokens} new tokens, {args.repeats} repeats, greedy")
+    print("| method | tokens/s median (range) | vs target-only, same constraint (median, range) | acceptance | tau "
+          "| identical to target-only |")
+    print("|---|---|---|---|---|---|")
+    for m in methods:
+        ratios = [a / b for a, b in zip(tps[m], tps[baseline[m]])]
+        a, prop, rr = acc[m]
+        rate = f"{a / prop:.2f} ({a}/{prop})" if prop else "-"
+        tau = f"{1 + a / rr:.2f}" if rr else "-"
+        print(f"| {m} | {statistics.median(tps[m]):.2f} ({min(tps[m]):.2f}-{max(tps[m]):.2f}) | "
+              f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) | {rate} | {tau} | "
+              f"{identical[m]} |")
+
+
+if __name__ == "__main__":
+    main()
