@@ -102,6 +102,11 @@ def check_trimmed_assistant(target, drafter: TrimmedDrafter, generation_config, 
     check_compatibility(drafter, target=target, tokenizer=mode_kwargs.get("tokenizer"))
 
 
+SSD_BATCH_ONE = ("SSD runs at batch 1 (this call has {rows} rows: prompts x num_return_sequences): call generate once "
+                 "per prompt and sequence with the SSD session, or pass the trimmed drafter itself as assistant_model "
+                 "for batched generation.")
+
+
 def check_inputs(target, assistant, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                  max_length: int | None = None) -> None:
     """Bad input to a speculative call fails here, in one line, before any forward pass.
@@ -127,6 +132,8 @@ def check_inputs(target, assistant, input_ids: torch.Tensor, attention_mask: tor
         if bool(holes.any()):
             raise ValueError("attention_mask has padding inside a prompt: only left padding is supported. Tokenize "
                              "with padding_side='left'.")
+    if getattr(assistant, "_hf_vocabspec_candidate_generator", None) is not None and input_ids.shape[0] > 1:
+        raise ValueError(SSD_BATCH_ONE.format(rows=input_ids.shape[0]))  # before anything walks the session's modules
     gen = getattr(assistant, "generation_config", None)
     if gen is not None and getattr(gen, "batched_speculation", None) is not None:
         check_batched_speculation(gen.batched_speculation)  # refused at every batch size, not only where it is read
@@ -278,8 +285,7 @@ def _run_engine(target, assistant, bound: dict, kernels: str = "F.linear (not ou
     generation_config = bound["generation_config"]
     model_kwargs = dict(bound.get("model_kwargs", {}))
     if getattr(assistant, "_hf_vocabspec_candidate_generator", None) is not None:
-        raise ValueError("SSD runs at batch 1: call generate once per prompt with the SSD session, or pass the "
-                         "trimmed drafter itself as assistant_model for batched generation.")
+        raise ValueError(SSD_BATCH_ONE.format(rows=input_ids.shape[0]))
     reason = _engine_refusal(target, assistant, input_ids, generation_config, model_kwargs, bound)
     if reason:
         raise ValueError(reason)
