@@ -209,22 +209,29 @@ def check_weight_quantization(value: object) -> str | None:
 
 
 # --- the drafting settings of a drafter's generation_config ---------------------------------------------------------
-def check_draft_length(num_assistant_tokens: object) -> None:
-    """Refuse a draft length that is not a positive integer (the drafter drafts that many tokens per round)."""
+def check_draft_length(num_assistant_tokens: object, *, name: str = "num_assistant_tokens") -> None:
+    """Refuse a draft length that is not a positive integer (the drafter drafts that many tokens per round);
+    ``name`` says where the value was set (e.g. ``drafter.generation_config.num_assistant_tokens``)."""
     n = num_assistant_tokens
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"num_assistant_tokens must be a positive integer (got {n!r}): the drafter drafts that many "
-                         "tokens per round.")
+        raise ValueError(f"{name} must be a positive integer (got {n!r}): the drafter drafts that many tokens per "
+                         "round (e.g. 5).")
 
 
-def check_confidence_threshold(value: object) -> float:
-    """Refuse a confidence threshold outside [0, 1) (0: never stop drafting early); return it as a float."""
+def check_confidence_threshold(value: object, *, name: str = "confidence_threshold") -> float:
+    """Refuse a confidence threshold outside [0, 1); return it as a float. ``name`` says where it was set.
+
+    A round stops drafting after a draft the drafter gives less probability than the threshold. 0 never stops early
+    (transformers reads 0 as "off" too). transformers itself accepts any number, but a threshold of 1 or more stops
+    every round after its first draft (only a probability of exactly 1 reaches it): the draft length would be 1
+    whatever ``num_assistant_tokens`` says, so it is refused rather than run as something else than asked for."""
     try:
         threshold = float(value)
     except (TypeError, ValueError):
         threshold = float("nan")
     if not 0.0 <= threshold < 1.0:
-        raise ValueError(f"confidence_threshold must be in [0, 1) (0: no early stop); got {value!r}.")
+        raise ValueError(f"{name} must be in [0, 1) (0: no early stop; 1 or more would stop every round after one "
+                         f"draft); got {value!r}.")
     return threshold
 
 

@@ -703,6 +703,51 @@ def test_batched_speculation_survives_save_and_load_and_one_home(tmp_path):
     assert TrimmedDrafter.from_pretrained(tmp_path / "off").generation_config.batched_speculation == "off"
 
 
+@pytest.mark.parametrize(("setting", "value", "needle"), [
+    ("num_assistant_tokens", 0, "drafter.generation_config.num_assistant_tokens must be a positive integer (got 0)"),
+    ("num_assistant_tokens", -2, "drafter.generation_config.num_assistant_tokens must be a positive integer (got -2)"),
+    ("assistant_confidence_threshold", 1.5,
+     "drafter.generation_config.assistant_confidence_threshold must be in [0, 1)"),
+    ("assistant_confidence_threshold", 1.0,
+     "drafter.generation_config.assistant_confidence_threshold must be in [0, 1)"),
+    ("assistant_confidence_threshold", -0.1,
+     "drafter.generation_config.assistant_confidence_threshold must be in [0, 1)"),
+])
+def test_drafting_settings_out_of_range_are_refused_on_the_drafter_and_in_generate(tmp_path, setting, value, needle):
+    """Issue #38: a draft length or confidence threshold outside its range is refused in one line wherever it is set:
+    on the drafter's own generation_config (was: drafted 5 per round / stopped every round after one draft without a
+    word), passed to generate(), and on save."""
+    from tiny import make_pair
+
+    target, base = make_pair()
+    drafter = trim_drafter(base, torch.arange(3, 40))
+    ids = torch.tensor([[1, 5, 6]])
+    setattr(drafter.generation_config, setting, value)
+    for batch in (ids, ids.repeat(2, 1)):
+        with pytest.raises(ValueError) as err:
+            target.generate(batch, attention_mask=torch.ones_like(batch), assistant_model=drafter, max_new_tokens=3,
+                            do_sample=False)
+        assert needle in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="must be") as err:
+        drafter.save_pretrained(tmp_path / "d")
+    assert needle in str(err.value) and not (tmp_path / "d").exists()
+    setattr(drafter.generation_config, setting, {"num_assistant_tokens": 4, "assistant_confidence_threshold": 0.3}[setting])
+    with pytest.raises(ValueError) as err:  # passed to generate(): refused under its own name
+        target.generate(ids, assistant_model=drafter, max_new_tokens=3, do_sample=False, **{setting: value})
+    assert needle.removeprefix("drafter.generation_config.") in str(err.value)
+    assert "drafter.generation_config" not in str(err.value)
+    target.generate(ids, assistant_model=drafter, max_new_tokens=3, do_sample=False)  # in range: runs
+
+
+def test_confidence_threshold_range_is_zero_up_to_one_excluded():
+    from hf_vocabspec.configuration import check_confidence_threshold
+
+    assert check_confidence_threshold(0) == 0.0 and check_confidence_threshold("0.99") == 0.99
+    for bad in (1, 1.5, -0.01, float("nan"), "x", None):
+        with pytest.raises(ValueError, match=r"must be in \[0, 1\)"):
+            check_confidence_threshold(bad, name="x")
+
+
 def test_invalid_batched_speculation_is_refused_at_load_save_and_batch_1(tmp_path):
     from hf_vocabspec.configuration import check_batched_speculation
     from tiny import make_pair

@@ -38,7 +38,11 @@ from .. import kernels as _kernels
 from .. import verify_head as _verify_head
 from .._versions import check, supported_range
 from ..compatibility import check_compatibility, target_rows
-from ..configuration import check_batched_speculation, check_draft_length
+from ..configuration import (
+    check_batched_speculation,
+    check_confidence_threshold,
+    check_draft_length,
+)
 from ..modeling import TrimmedDrafter, forward_has_cache, position_limit
 from .candidates import TrimmedCandidateGenerator
 from .engine import SpeculativeEngine, unsupported_layer_types
@@ -96,9 +100,18 @@ def check_trimmed_assistant(target, drafter: TrimmedDrafter, generation_config, 
     """OUR errors for a trimmed drafter (or an SSD session's) that cannot serve this target or the tokenizer passed to
     generate, raised before transformers' checks (which would advise universal assisted decoding: the wrong fix, the
     drafter must share the target's tokenizer). The compatibility rule itself is hf_vocabspec.compatibility's."""
-    n = getattr(generation_config, "num_assistant_tokens", None)
-    if n is not None:
-        check_draft_length(n)
+    # the drafting settings, where they were set: passed to generate() (or on the target's generation_config), and
+    # the drafter's own generation_config (read when generate() leaves them at transformers' defaults)
+    for config, where in ((generation_config, "{}"),
+                          (drafter.generation_config, "drafter.generation_config.{}")):
+        if config is None:
+            continue
+        n = getattr(config, "num_assistant_tokens", None)
+        if n is not None:
+            check_draft_length(n, name=where.format("num_assistant_tokens"))
+        threshold = getattr(config, "assistant_confidence_threshold", None)
+        if threshold is not None:
+            check_confidence_threshold(threshold, name=where.format("assistant_confidence_threshold"))
     check_compatibility(drafter, target=target, tokenizer=mode_kwargs.get("tokenizer"))
 
 
