@@ -34,6 +34,8 @@ __all__ = [
     "check_confidence_threshold",
     "check_draft_length",
     "check_weight_quantization",
+    "DRAFTER_SETTINGS",
+    "drafter_setting_error",
     "set_draft_length",
     "WEIGHT_QUANTIZATIONS",
 ]
@@ -242,6 +244,28 @@ def check_batched_speculation(value: object, *,
     if not isinstance(value, str) or value not in SPECULATION_MODES:
         raise ValueError(f"batched_speculation must be one of {SPECULATION_MODES} (got {value!r}): {fix}.")
     return value
+
+
+# Drafter-only settings: where each lives (what generate() refuses to take, since transformers would only call it an
+# unused model kwarg). The drafting settings transformers knows (num_assistant_tokens, ...) are not here: generate()
+# takes those.
+DRAFTER_SETTINGS = {
+    "batched_speculation": "drafter.generation_config.batched_speculation",
+    "use_context_tokens": "drafter.use_context_tokens",
+    "use_verify_head": "drafter.use_verify_head",
+    "use_rdk": "drafter.use_rdk",
+    "use_fast_linears": "drafter.use_fast_linears",
+    "weight_quantization": "drafter.quantize_weights",
+}
+
+
+def drafter_setting_error(name: str, value: object) -> str | None:
+    """The one line for a drafter-only setting passed to generate(): where it is set instead (None: not one)."""
+    where = DRAFTER_SETTINGS.get(name)
+    if where is None:
+        return None
+    how = f"call {where}({value!r})" if name == "weight_quantization" else f"set {where} = {value!r}"
+    return f"{name} is a drafter setting, not a generate() argument: {how} before generate()."
 
 
 def set_draft_length(generation_config: GenerationConfig, num_assistant_tokens: int,

@@ -748,6 +748,25 @@ def test_confidence_threshold_range_is_zero_up_to_one_excluded():
             check_confidence_threshold(bad, name="x")
 
 
+@pytest.mark.parametrize(("kwarg", "value", "fix"), [
+    ("batched_speculation", "off", "set drafter.generation_config.batched_speculation = 'off'"),
+    ("use_context_tokens", False, "set drafter.use_context_tokens = False"),
+    ("use_fast_linears", False, "set drafter.use_fast_linears = False"),
+    ("weight_quantization", "int4", "call drafter.quantize_weights('int4')"),
+])
+def test_drafter_settings_passed_to_generate_name_where_they_live(kwarg, value, fix):
+    """Issue #38: transformers only said "model_kwargs are not used"; the one line now names the drafter setting."""
+    from tiny import make_pair
+
+    target, base = make_pair()
+    drafter = trim_drafter(base, torch.arange(3, 40))
+    with pytest.raises(ValueError) as err:
+        target.generate(torch.tensor([[1, 5, 6]]), assistant_model=drafter, max_new_tokens=3, **{kwarg: value})
+    assert str(err.value) == f"{kwarg} is a drafter setting, not a generate() argument: {fix} before generate()."
+    with pytest.raises(ValueError, match="model_kwargs` are not used"):  # other unknown kwargs: transformers' own
+        target.generate(torch.tensor([[1, 5, 6]]), assistant_model=drafter, max_new_tokens=3, not_a_setting=1)
+
+
 def test_invalid_batched_speculation_is_refused_at_load_save_and_batch_1(tmp_path):
     from hf_vocabspec.configuration import check_batched_speculation
     from tiny import make_pair

@@ -1,7 +1,7 @@
 """THE seam to transformers' private generation API: the only module that touches it, version guard beside it.
 
 transformers has no public hook for a user-supplied candidate generator or verification loop, so
-:func:`install` (run on ``import hf_vocabspec``; :func:`uninstall` undoes it) wraps four private methods of
+:func:`install` (run on ``import hf_vocabspec``; :func:`uninstall` undoes it) wraps five private methods of
 ``GenerationMixin``, and only acts when the assistant is ours (a :class:`TrimmedDrafter` or an hf_vocabspec
 session object exposing ``_hf_vocabspec_candidate_generator``); every other call goes to the original untouched:
 
@@ -9,6 +9,8 @@ session object exposing ``_hf_vocabspec_candidate_generator``); every other call
   mismatched drafter gets our one-line fix instead of transformers' advice to use universal assisted decoding;
   ``num_return_sequences > 1`` is allowed for our drafters (the engine serves it); assistant_model together
   with prompt lookup is refused.
+- ``_validate_model_kwargs``: a drafter-only setting passed to generate() (``batched_speculation``, the
+  drafter's runtime switches) is refused in one line naming where it is set (any assistant: it runs first).
 - ``_prepare_model_inputs``: the caller's attention mask is checked as given (before generate drops an all-ones
   mask or indexes a 1-D one).
 - ``_get_candidate_generator``: SSD sessions draft through their candidate generator inside HF's loop.
@@ -42,6 +44,7 @@ from ..configuration import (
     check_batched_speculation,
     check_confidence_threshold,
     check_draft_length,
+    drafter_setting_error,
 )
 from ..modeling import TrimmedDrafter, forward_has_cache, position_limit
 from .candidates import TrimmedCandidateGenerator
@@ -203,6 +206,15 @@ def check_generate_kwargs(generation_config, assistant_model=None) -> None:
                          f"(transformers silently drops the others): pass one of them.")
 
 
+def check_model_kwargs(model_kwargs: dict) -> None:
+    """A drafter-only setting passed to generate() (``batched_speculation="off"``, ``use_context_tokens=False``, ...)
+    is refused in one line naming where it is set, instead of transformers' "model_kwargs are not used"."""
+    for name, value in (model_kwargs or {}).items():
+        why = drafter_setting_error(name, value) if value is not None else None
+        if why:
+            raise ValueError(why)
+
+
 # Draft length of an untrimmed assistant left at transformers' default (20, meant for its confidence-stopped,
 # batch-1 schedule): the batched loop drafts this many instead.
 PLAIN_ASSISTANT_DRAFT_LENGTH = 5
@@ -345,7 +357,16 @@ def install() -> None:
     validate = GenerationMixin._validate_generation_mode
     assisted = GenerationMixin._assisted_decoding
     prepare_inputs = GenerationMixin._prepare_model_inputs
+    validate_kwargs = GenerationMixin._validate_model_kwargs
     signature = inspect.signature(assisted)
+
+    @functools.wraps(validate_kwargs)
+    def _validate_model_kwargs(self, model_kwargs):
+        try:  # runs before _validate_generation_mode: the assistant is not known yet
+            return validate_kwargs(self, model_kwargs)
+        except ValueError:  # transformers' "model_kwargs are not used": say where a drafter setting lives instead
+            check_model_kwargs(model_kwargs)
+            raise
 
     @functools.wraps(prepare_inputs)
     def _prepare_model_inputs(self, inputs=None, bos_token_id=None, model_kwargs=None):
@@ -422,7 +443,9 @@ def install() -> None:
     _get_candidate_generator.__wrapped__ = get_generator
     _validate_generation_mode.__wrapped__ = validate
     _ORIGINALS.update(_get_candidate_generator=get_generator, _validate_generation_mode=validate,
-                      _assisted_decoding=assisted, _prepare_model_inputs=prepare_inputs)
+                      _assisted_decoding=assisted, _prepare_model_inputs=prepare_inputs,
+                      _validate_model_kwargs=validate_kwargs)
+    GenerationMixin._validate_model_kwargs = _validate_model_kwargs
     GenerationMixin._prepare_model_inputs = _prepare_model_inputs
     GenerationMixin._get_candidate_generator = _get_candidate_generator
     GenerationMixin._validate_generation_mode = _validate_generation_mode
