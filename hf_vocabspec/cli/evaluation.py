@@ -215,7 +215,7 @@ def cmd_bench(args) -> int:
     from ..evaluation.benchmark import format_report
 
     print(format_report(report))
-    log(f"results: {args.output}/results.json, results.md, throughput_vs_vocab.png")
+    log(f"results: {args.output}/results.json, results.md, throughput_vs_vocab.png, draft_latency_vs_vocab.png")
     return 0
 
 
