@@ -145,6 +145,50 @@ def test_data_errors(tmp_path, tok):
         hf_vocabspec.count_assistant_tokens([as_string], tok, progress=False)
 
 
+@pytest.mark.parametrize("name", ["chats.jsonl", "chats.json", "chats.jsonl.gz", "chats.csv"])
+def test_a_chat_file_that_is_not_utf8_is_named_with_its_fix(capsys, cli_model, tmp_path, name):
+    """Issue #38: latin-1 bytes gave "'utf-8' codec can't decode byte 0xe9 in position 3" with no file and no fix
+    (datasets' JSON reader loads the bytes and fails only when a row is read). `count` through the CLI: one line naming
+    the file, the byte, its offset and line, and the iconv command; exit 1, no traceback."""
+    import gzip
+
+    model, _ = cli_model
+    good = '{"messages": [{"role": "user", "content": "w5 w6"}, {"role": "assistant", "content": "w7 w8"}]}\n'
+    bad = '{"messages": [{"role": "user", "content": "caf\u00e9"}, {"role": "assistant", "content": "w7"}]}\n'
+    text = (good + bad).encode("latin-1")
+    if name.endswith(".csv"):
+        text = "messages\nw5 w6\ncaf\u00e9\n".encode("latin-1")
+    data = tmp_path / name
+    data.write_bytes(gzip.compress(text) if name.endswith(".gz") else text)
+    offset = text.index(b"\xe9")
+    rc, err = run_cli(capsys, "count", "--tokenizer", str(model), "--dataset", str(data),
+                      "--output", str(tmp_path / "counts.safetensors"))
+    assert rc == 1 and "Traceback" not in err
+    line = _last_line(err)
+    assert f"Dataset file {str(data)!r} is not UTF-8 (byte 0xe9 at offset {offset}" in line
+    lineno = text[:offset].count(b"\n") + 1
+    assert f"line {lineno})" in line and "iconv -f latin1 -t utf-8" in line
+    assert not (tmp_path / "counts.safetensors").exists()
+
+
+def test_check_utf8_offsets_across_chunks(tmp_path):
+    """The offset is the file's, also past the 1 MiB read chunks and with a character split between two of them."""
+    from hf_vocabspec._io import check_utf8
+
+    head = b"x" * ((1 << 20) - 1) + "\u00e9\n".encode()  # a 2-byte character across the chunk boundary: valid
+    ok = tmp_path / "ok.jsonl"
+    ok.write_bytes(head + "\u20ac\n".encode())
+    check_utf8(ok)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(head + b"ab\xe9cd\n")
+    with pytest.raises(ValueError, match=rf"byte 0xe9 at offset {len(head) + 2}, line 2\)"):
+        check_utf8(bad)
+    cut = tmp_path / "cut.jsonl"
+    cut.write_bytes(b"abc" + "\u20ac".encode()[:2])  # ends in the middle of a character
+    with pytest.raises(ValueError, match="byte 0xe2 at offset 3, line 1"):
+        check_utf8(cut)
+
+
 def test_counts_file_and_model_file_swapped(tmp_path, counts_file):
     with pytest.raises(ValueError, match="counts file \\(counts go to .*--counts`\\), not a model"):
         load_model(str(counts_file))
