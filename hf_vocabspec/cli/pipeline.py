@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
 from ._common import (
     DTYPES,
     UsageError,
@@ -299,6 +297,8 @@ def cmd_trim(args) -> int:
 
 def cmd_rdk_fit(args) -> int:
     """Fit (or build the prior) RDK kernel for a saved trimmed drafter and save it into the checkpoint."""
+    import torch
+
     from .._io import first_line
     from ..compatibility import check_compatibility
     from ..configuration import TrimmedDrafterConfig
