@@ -18,23 +18,48 @@ tau as ``tokens_per_round``), ``configuration``
 ``rdk``, ``ssd``, ``verify_head``, ``kernels`` (the fast linears). The tooling is imported by name: ``hf_vocabspec.evaluation``
 (offline models and data, benchmarks, tune, distill) and ``hf_vocabspec.cli``. Names other than the drafter's
 are handed out lazily (PEP 562 ``__getattr__``), so ``import hf_vocabspec`` does not pay for optuna, matplotlib
-or the Hub client until they are used.
+or the Hub client until they are used. The one exception to "importing installs the hooks": the ``hf-vocabspec``
+command itself (``_started_as_the_command``), whose ``main`` installs them once its command line is parsed.
 """
 
 from __future__ import annotations
 
 import importlib
-
-from . import generation  # noqa: F401  (importing it routes assistant_model=<TrimmedDrafter> to our generator)
-from .compatibility import DrafterMismatchError, check_compatibility, tokenizer_sha256
-from .configuration import TrimmedDrafterConfig, VocabularyMapError
-from .modeling import TrimmedDrafter
-from .trimming import trim_drafter
+import os
+import sys
 
 __version__ = "0.1.0"
 
+
+def _started_as_the_command() -> bool:
+    """Whether this process is the ``hf-vocabspec`` command: its console script, or ``python -m hf_vocabspec.cli``
+    (``accelerate launch -m hf_vocabspec.cli`` too). Then ``hf_vocabspec.cli.main`` imports the core, torch and
+    transformers (and installs the hooks) after argparse, so ``--help`` and a bad command line answer at once."""
+    if not sys.argv:
+        return False
+    name = os.path.basename(sys.argv[0]).lower().removesuffix(".exe").removesuffix("-script.py")
+    if name == "hf-vocabspec":
+        return True
+    argv = list(getattr(sys, "orig_argv", ()))  # -m: argv[0] is "-m" while the package of the module is imported
+    return sys.argv[0] == "-m" and any(a == "-m" and b == "hf_vocabspec.cli" for a, b in zip(argv, argv[1:]))
+
+
+if not _started_as_the_command():  # every other importer: the hooks are installed now (the names below served eagerly)
+    from . import generation  # noqa: F401  (importing it routes assistant_model=<TrimmedDrafter> to our generator)
+    from .compatibility import DrafterMismatchError, check_compatibility, tokenizer_sha256
+    from .configuration import TrimmedDrafterConfig, VocabularyMapError
+    from .modeling import TrimmedDrafter
+    from .trimming import trim_drafter
+
 # public name -> module that defines it (imported on first access)
 _LAZY = {
+    "DrafterMismatchError": "compatibility",
+    "check_compatibility": "compatibility",
+    "tokenizer_sha256": "compatibility",
+    "TrimmedDrafterConfig": "configuration",
+    "VocabularyMapError": "configuration",
+    "TrimmedDrafter": "modeling",
+    "trim_drafter": "trimming",
     "TokenCounts": "coverage",
     "count_assistant_tokens": "coverage",
     "load_drafter": "hub",

@@ -14,8 +14,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["atomic_directory", "atomic_write", "build_once", "first_line", "read_safetensors", "recover_directory",
-           "tensors_checksum"]
+__all__ = ["atomic_directory", "atomic_write", "build_once", "check_utf8", "first_line", "read_safetensors",
+           "recover_directory", "tensors_checksum"]
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
@@ -88,6 +88,52 @@ def build_once(final: str | os.PathLike, build: Callable[[Path], object]) -> Pat
         if final.exists():  # another process finished while we waited
             return final
         return atomic_directory(final, build)
+
+
+# --- reading the user's text files ------------------------------------------------------------------------------
+_COMPRESSED = (".gz", ".bz2", ".xz")
+
+
+def check_utf8(path: str | os.PathLike, what: str = "File") -> None:
+    """Refuse a text file (.json/.jsonl/.csv, maybe .gz/.bz2/.xz-compressed) that is not UTF-8, in one line naming
+    the file, the first bad byte (its offset and line) and the fix, before a reader fails on it with a bare "'utf-8'
+    codec can't decode byte 0xe9 in position 3" (or, for datasets' JSON reader, only once the row is used)."""
+    import codecs
+
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix in _COMPRESSED:
+        import bz2
+        import gzip
+        import lzma
+
+        opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}[suffix]
+    else:
+        opener = open
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset, lines = 0, 1  # bytes and line breaks (decompressed) before the current chunk
+    with opener(path, "rb") as f:
+        while True:
+            chunk = f.read(1 << 20)
+            pending = decoder.getstate()[0]  # an incomplete character carried over from the previous chunk
+            try:
+                decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as err:
+                data = pending + chunk
+                where = offset - len(pending) + err.start
+                line = lines + data[:err.start].count(b"\n")
+                plain = path.with_suffix("") if suffix in _COMPRESSED else path
+                fixed = plain.with_name(f"{plain.stem}.utf8{plain.suffix}")
+                cat = {".gz": "zcat", ".bz2": "bzcat", ".xz": "xzcat"}.get(suffix)
+                source = f"<({cat} {path})" if cat else str(path)
+                after = " of the decompressed text" if suffix in _COMPRESSED else ""
+                raise ValueError(f"{what} {str(path)!r} is not UTF-8 (byte 0x{data[err.start]:02x} at offset {where}"
+                                 f"{after}, line {line}): convert it to UTF-8, e.g. iconv -f latin1 -t utf-8 {source} "
+                                 f"> {fixed} (latin1 if that is its encoding), and pass that file.") from None
+            if not chunk:
+                return
+            offset += len(chunk)
+            lines += chunk.count(b"\n")
 
 
 # --- reading our safetensors files: one-line errors, checksums ------------------------------------------------------

@@ -34,6 +34,8 @@ __all__ = [
     "check_confidence_threshold",
     "check_draft_length",
     "check_weight_quantization",
+    "DRAFTER_SETTINGS",
+    "drafter_setting_error",
     "set_draft_length",
     "WEIGHT_QUANTIZATIONS",
 ]
@@ -209,22 +211,29 @@ def check_weight_quantization(value: object) -> str | None:
 
 
 # --- the drafting settings of a drafter's generation_config ---------------------------------------------------------
-def check_draft_length(num_assistant_tokens: object) -> None:
-    """Refuse a draft length that is not a positive integer (the drafter drafts that many tokens per round)."""
+def check_draft_length(num_assistant_tokens: object, *, name: str = "num_assistant_tokens") -> None:
+    """Refuse a draft length that is not a positive integer (the drafter drafts that many tokens per round);
+    ``name`` says where the value was set (e.g. ``drafter.generation_config.num_assistant_tokens``)."""
     n = num_assistant_tokens
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"num_assistant_tokens must be a positive integer (got {n!r}): the drafter drafts that many "
-                         "tokens per round.")
+        raise ValueError(f"{name} must be a positive integer (got {n!r}): the drafter drafts that many tokens per "
+                         "round (e.g. 5).")
 
 
-def check_confidence_threshold(value: object) -> float:
-    """Refuse a confidence threshold outside [0, 1) (0: never stop drafting early); return it as a float."""
+def check_confidence_threshold(value: object, *, name: str = "confidence_threshold") -> float:
+    """Refuse a confidence threshold outside [0, 1); return it as a float. ``name`` says where it was set.
+
+    A round stops drafting after a draft the drafter gives less probability than the threshold. 0 never stops early
+    (transformers reads 0 as "off" too). transformers itself accepts any number, but a threshold of 1 or more stops
+    every round after its first draft (only a probability of exactly 1 reaches it): the draft length would be 1
+    whatever ``num_assistant_tokens`` says, so it is refused rather than run as something else than asked for."""
     try:
         threshold = float(value)
     except (TypeError, ValueError):
         threshold = float("nan")
     if not 0.0 <= threshold < 1.0:
-        raise ValueError(f"confidence_threshold must be in [0, 1) (0: no early stop); got {value!r}.")
+        raise ValueError(f"{name} must be in [0, 1) (0: no early stop; 1 or more would stop every round after one "
+                         f"draft); got {value!r}.")
     return threshold
 
 
@@ -235,6 +244,28 @@ def check_batched_speculation(value: object, *,
     if not isinstance(value, str) or value not in SPECULATION_MODES:
         raise ValueError(f"batched_speculation must be one of {SPECULATION_MODES} (got {value!r}): {fix}.")
     return value
+
+
+# Drafter-only settings: where each lives (what generate() refuses to take, since transformers would only call it an
+# unused model kwarg). The drafting settings transformers knows (num_assistant_tokens, ...) are not here: generate()
+# takes those.
+DRAFTER_SETTINGS = {
+    "batched_speculation": "drafter.generation_config.batched_speculation",
+    "use_context_tokens": "drafter.use_context_tokens",
+    "use_verify_head": "drafter.use_verify_head",
+    "use_rdk": "drafter.use_rdk",
+    "use_fast_linears": "drafter.use_fast_linears",
+    "weight_quantization": "drafter.quantize_weights",
+}
+
+
+def drafter_setting_error(name: str, value: object) -> str | None:
+    """The one line for a drafter-only setting passed to generate(): where it is set instead (None: not one)."""
+    where = DRAFTER_SETTINGS.get(name)
+    if where is None:
+        return None
+    how = f"call {where}({value!r})" if name == "weight_quantization" else f"set {where} = {value!r}"
+    return f"{name} is a drafter setting, not a generate() argument: {how} before generate()."
 
 
 def set_draft_length(generation_config: GenerationConfig, num_assistant_tokens: int,

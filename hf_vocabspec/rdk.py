@@ -268,7 +268,7 @@ def collect_calibration(target, sequences: Sequence[torch.Tensor], *, top: int =
     ids, probs = [], []
     for seq in tqdm(list(sequences), desc="RDK calibration", disable=not progress):
         logits = target(input_ids=seq[None].to(target.device)).logits[0].float() / temperature
-        v, i = logits.softmax(-1).topk(top, dim=-1)
+        v, i = logits.softmax(-1).topk(min(top, logits.shape[-1]), dim=-1)  # a vocabulary under top: all of it
         ids.append(i.cpu())
         probs.append(v.cpu())
     vocab = int(target.config.get_text_config().vocab_size)

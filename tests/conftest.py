@@ -23,3 +23,18 @@ def ssd_pair():
     """Peaked enough that SSD's outcomes are predictable (hits), ids >= 48 pruned (they come from the residual)."""
     target, base = make_pair("llama", seed=0, head_scale=25.0, noise=0.3)
     return target, hf_vocabspec.trim_drafter(base, [t for t in range(VOCAB) if t < 48])
+
+
+@pytest.fixture(scope="module")
+def cli_model(tmp_path_factory):
+    """(model folder, chats .jsonl): a tiny Llama saved with a chat-templated tokenizer, and 30 chats over its words,
+    as the CLI commands take them (--target / --drafter / --tokenizer, --dataset / --workloads)."""
+    import json
+
+    from tiny import save_tiny_cli_model, tiny_chats
+
+    root = tmp_path_factory.mktemp("cli-model")
+    save_tiny_cli_model(root / "model")
+    chats = root / "chats.jsonl"
+    chats.write_text("\n".join(json.dumps(c) for c in tiny_chats()) + "\n", encoding="utf-8")
+    return root / "model", chats

@@ -166,3 +166,28 @@ def test_one_generation_config_per_call():
     assert target.generation_config.to_dict() == before  # the model's own config is left alone
     with pytest.raises(ValueError, match="Not generation settings: \\['attention_mask'\\]"):
         generation_config_for(target, attention_mask=None)
+
+
+def test_bench_command_end_to_end_writes_results_and_plots(cli_model, tmp_path, capsys):
+    """Issue #38: `hf-vocabspec bench` crashed on every call (LatencyCurve.plot moved to evaluation.plots). Through
+    the real entry point, on the smallest run its options allow: one coverage, one workload, 1 prompt, 4 tokens,
+    1 repeat; it exits 0 and writes what the README says: results.json, results.md and the PNG plots."""
+    import json
+
+    from hf_vocabspec.cli import main
+
+    model, chats = cli_model
+    out = tmp_path / "bench"
+    rc = main(["bench", "--target", str(model), "--drafter-dtype", "float32", "--dataset", str(chats),
+               "--count-examples", "24", "--coverages", "0.9", "--workloads", str(chats), "--prompts", "1",
+               "--max-new-tokens", "4", "--repeats", "1", "--num-draft-tokens", "2", "--output", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert {"results.json", "results.md", "throughput_vs_vocab.png", "draft_latency_vs_vocab.png"} <= {
+        p.name for p in out.iterdir()}
+    for png in ("throughput_vs_vocab.png", "draft_latency_vs_vocab.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = json.loads((out / "results.json").read_text())
+    assert len(report["runs"]) == 1 and report["runs"][0]["prompts"] == 1
+    assert any(name.startswith("trimmed k=") for name in report["runs"][0]["methods"])
+    assert "target only" in (out / "results.md").read_text()

@@ -145,6 +145,50 @@ def test_data_errors(tmp_path, tok):
         hf_vocabspec.count_assistant_tokens([as_string], tok, progress=False)
 
 
+@pytest.mark.parametrize("name", ["chats.jsonl", "chats.json", "chats.jsonl.gz", "chats.csv"])
+def test_a_chat_file_that_is_not_utf8_is_named_with_its_fix(capsys, cli_model, tmp_path, name):
+    """Issue #38: latin-1 bytes gave "'utf-8' codec can't decode byte 0xe9 in position 3" with no file and no fix
+    (datasets' JSON reader loads the bytes and fails only when a row is read). `count` through the CLI: one line naming
+    the file, the byte, its offset and line, and the iconv command; exit 1, no traceback."""
+    import gzip
+
+    model, _ = cli_model
+    good = '{"messages": [{"role": "user", "content": "w5 w6"}, {"role": "assistant", "content": "w7 w8"}]}\n'
+    bad = '{"messages": [{"role": "user", "content": "caf\u00e9"}, {"role": "assistant", "content": "w7"}]}\n'
+    text = (good + bad).encode("latin-1")
+    if name.endswith(".csv"):
+        text = "messages\nw5 w6\ncaf\u00e9\n".encode("latin-1")
+    data = tmp_path / name
+    data.write_bytes(gzip.compress(text) if name.endswith(".gz") else text)
+    offset = text.index(b"\xe9")
+    rc, err = run_cli(capsys, "count", "--tokenizer", str(model), "--dataset", str(data),
+                      "--output", str(tmp_path / "counts.safetensors"))
+    assert rc == 1 and "Traceback" not in err
+    line = _last_line(err)
+    assert f"Dataset file {str(data)!r} is not UTF-8 (byte 0xe9 at offset {offset}" in line
+    lineno = text[:offset].count(b"\n") + 1
+    assert f"line {lineno})" in line and "iconv -f latin1 -t utf-8" in line
+    assert not (tmp_path / "counts.safetensors").exists()
+
+
+def test_check_utf8_offsets_across_chunks(tmp_path):
+    """The offset is the file's, also past the 1 MiB read chunks and with a character split between two of them."""
+    from hf_vocabspec._io import check_utf8
+
+    head = b"x" * ((1 << 20) - 1) + "\u00e9\n".encode()  # a 2-byte character across the chunk boundary: valid
+    ok = tmp_path / "ok.jsonl"
+    ok.write_bytes(head + "\u20ac\n".encode())
+    check_utf8(ok)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(head + b"ab\xe9cd\n")
+    with pytest.raises(ValueError, match=rf"byte 0xe9 at offset {len(head) + 2}, line 2\)"):
+        check_utf8(bad)
+    cut = tmp_path / "cut.jsonl"
+    cut.write_bytes(b"abc" + "\u20ac".encode()[:2])  # ends in the middle of a character
+    with pytest.raises(ValueError, match="byte 0xe2 at offset 3, line 1"):
+        check_utf8(cut)
+
+
 def test_counts_file_and_model_file_swapped(tmp_path, counts_file):
     with pytest.raises(ValueError, match="counts file \\(counts go to .*--counts`\\), not a model"):
         load_model(str(counts_file))
@@ -701,6 +745,70 @@ def test_batched_speculation_survives_save_and_load_and_one_home(tmp_path):
     gen = tmp_path / "off" / "generation_config.json"
     gen.write_text(json.dumps(json.loads(gen.read_text()) | {"_from_model_config": True}))
     assert TrimmedDrafter.from_pretrained(tmp_path / "off").generation_config.batched_speculation == "off"
+
+
+@pytest.mark.parametrize(("setting", "value", "needle"), [
+    ("num_assistant_tokens", 0, "drafter.generation_config.num_assistant_tokens must be a positive integer (got 0)"),
+    ("num_assistant_tokens", -2, "drafter.generation_config.num_assistant_tokens must be a positive integer (got -2)"),
+    ("assistant_confidence_threshold", 1.5,
+     "drafter.generation_config.assistant_confidence_threshold must be in [0, 1)"),
+    ("assistant_confidence_threshold", 1.0,
+     "drafter.generation_config.assistant_confidence_threshold must be in [0, 1)"),
+    ("assistant_confidence_threshold", -0.1,
+     "drafter.generation_config.assistant_confidence_threshold must be in [0, 1)"),
+])
+def test_drafting_settings_out_of_range_are_refused_on_the_drafter_and_in_generate(tmp_path, setting, value, needle):
+    """Issue #38: a draft length or confidence threshold outside its range is refused in one line wherever it is set:
+    on the drafter's own generation_config (was: drafted 5 per round / stopped every round after one draft without a
+    word), passed to generate(), and on save."""
+    from tiny import make_pair
+
+    target, base = make_pair()
+    drafter = trim_drafter(base, torch.arange(3, 40))
+    ids = torch.tensor([[1, 5, 6]])
+    setattr(drafter.generation_config, setting, value)
+    for batch in (ids, ids.repeat(2, 1)):
+        with pytest.raises(ValueError) as err:
+            target.generate(batch, attention_mask=torch.ones_like(batch), assistant_model=drafter, max_new_tokens=3,
+                            do_sample=False)
+        assert needle in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="must be") as err:
+        drafter.save_pretrained(tmp_path / "d")
+    assert needle in str(err.value) and not (tmp_path / "d").exists()
+    setattr(drafter.generation_config, setting, {"num_assistant_tokens": 4, "assistant_confidence_threshold": 0.3}[setting])
+    with pytest.raises(ValueError) as err:  # passed to generate(): refused under its own name
+        target.generate(ids, assistant_model=drafter, max_new_tokens=3, do_sample=False, **{setting: value})
+    assert needle.removeprefix("drafter.generation_config.") in str(err.value)
+    assert "drafter.generation_config" not in str(err.value)
+    target.generate(ids, assistant_model=drafter, max_new_tokens=3, do_sample=False)  # in range: runs
+
+
+def test_confidence_threshold_range_is_zero_up_to_one_excluded():
+    from hf_vocabspec.configuration import check_confidence_threshold
+
+    assert check_confidence_threshold(0) == 0.0 and check_confidence_threshold("0.99") == 0.99
+    for bad in (1, 1.5, -0.01, float("nan"), "x", None):
+        with pytest.raises(ValueError, match=r"must be in \[0, 1\)"):
+            check_confidence_threshold(bad, name="x")
+
+
+@pytest.mark.parametrize(("kwarg", "value", "fix"), [
+    ("batched_speculation", "off", "set drafter.generation_config.batched_speculation = 'off'"),
+    ("use_context_tokens", False, "set drafter.use_context_tokens = False"),
+    ("use_fast_linears", False, "set drafter.use_fast_linears = False"),
+    ("weight_quantization", "int4", "call drafter.quantize_weights('int4')"),
+])
+def test_drafter_settings_passed_to_generate_name_where_they_live(kwarg, value, fix):
+    """Issue #38: transformers only said "model_kwargs are not used"; the one line now names the drafter setting."""
+    from tiny import make_pair
+
+    target, base = make_pair()
+    drafter = trim_drafter(base, torch.arange(3, 40))
+    with pytest.raises(ValueError) as err:
+        target.generate(torch.tensor([[1, 5, 6]]), assistant_model=drafter, max_new_tokens=3, **{kwarg: value})
+    assert str(err.value) == f"{kwarg} is a drafter setting, not a generate() argument: {fix} before generate()."
+    with pytest.raises(ValueError, match="model_kwargs` are not used"):  # other unknown kwargs: transformers' own
+        target.generate(torch.tensor([[1, 5, 6]]), assistant_model=drafter, max_new_tokens=3, not_a_setting=1)
 
 
 def test_invalid_batched_speculation_is_refused_at_load_save_and_batch_1(tmp_path):

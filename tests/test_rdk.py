@@ -216,3 +216,33 @@ def test_rdk_is_inert_under_greedy_and_switchable(rdk_pair):
         assert drafter.last_speculation_stats.pruned_proposed == 0
     finally:
         drafter.use_rdk = True
+
+
+def test_cli_rdk_fit_prior_on_the_drafter_trim_made_without_target(cli_model, tmp_path, capsys):
+    """Issue #38: `rdk-fit my-drafter --method prior` on the drafter the README's `trim` line made (no --target) said
+    "does not record its target". The prior needs only the tokenizer, which trim saves with the drafter; --method
+    fitted needs the target's distributions: it says so in one line (exit 2), and runs once trim recorded --target."""
+    import json
+
+    from hf_vocabspec.cli import main
+
+    model, chats = cli_model
+    drafter = tmp_path / "my-drafter"
+    trim = ["trim", "--drafter", str(model), "--dataset", str(chats), "--k", "40", "--dtype", "float32"]
+    assert main([*trim, "--output", str(drafter)]) == 0
+    assert TrimmedDrafter.from_pretrained(drafter).config.target_model is None
+    capsys.readouterr()
+    assert main(["rdk-fit", str(drafter), "--method", "prior", "--dataset", str(chats)]) == 0
+    assert json.loads(capsys.readouterr().out)["kernel"] == "prior"
+    assert TrimmedDrafter.from_pretrained(drafter).config.rdk["method"] == "prior"
+    capsys.readouterr()
+    assert main(["rdk-fit", str(drafter), "--dataset", str(chats), "--sequences", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hf-vocabspec rdk-fit: error: --method fitted") and len(err.strip().splitlines()) == 1
+    assert "pass --target" in err and "or use --method prior" in err
+    recorded = tmp_path / "recorded"
+    assert main([*trim, "--target", str(model), "--output", str(recorded)]) == 0
+    assert TrimmedDrafter.from_pretrained(recorded).config.target_model == str(model)
+    capsys.readouterr()
+    assert main(["rdk-fit", str(recorded), "--dataset", str(chats), "--sequences", "4"]) == 0
+    assert json.loads(capsys.readouterr().out)["kernel"] != "prior"

@@ -251,6 +251,23 @@ def test_session_refuses_a_batch_in_one_line():
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("rows, extra", [(2, {}), (3, {}), (1, {"num_return_sequences": 2, "do_sample": True})])
+def test_generate_refuses_ssd_past_batch_1_in_one_line_before_the_fast_linears(ssd_pair, monkeypatch, rows, extra):
+    """Issue #38: a batch (or num_return_sequences > 1) with an SSD session is SSD's own one-line refusal, raised
+    before the fast linears walk the assistant (which gave AttributeError: 'SSDSession' has no 'modules')."""
+    from hf_vocabspec import kernels
+
+    target, drafter = ssd_pair
+    entered = []
+    real = kernels.fast_linears
+    monkeypatch.setattr(kernels, "fast_linears", lambda *a, **k: entered.append(a) or real(*a, **k))
+    ids = PROMPT.repeat(rows, 1)
+    with SSDSession(drafter, SSDConfig()) as ssd, pytest.raises(ValueError, match="SSD runs at batch 1") as err:
+        target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, assistant_model=ssd, **extra)
+    assert "\n" not in str(err.value) and f"{rows * extra.get('num_return_sequences', 1)} rows" in str(err.value)
+    assert entered == []  # refused before the kernels were entered
+
+
 def test_session_gets_the_one_compatibility_check_tokenizer_included():
     """generate with an SSD session checks its drafter as it checks a drafter passed alone (the tokenizer's
     fingerprint was skipped for sessions before): refused in one line, before any drafting."""

@@ -150,3 +150,42 @@ def toy_model(profile=None) -> ThroughputModel:
     curve = LatencyCurve([10, 20, 40], [0.004, 0.006, 0.010], 0.003)
     verify = {1: 0.020, **{n + 1: 0.020 + 0.002 * n for n in (2, 3, 4, 6, 8)}}
     return ThroughputModel(profile, curve, verify, draft_lengths=[2, 3, 4, 6, 8])
+
+
+# --- a tiny model as the CLI takes it: a saved folder with a chat-templated tokenizer, and a chat .jsonl ------------
+# w3 / w4 play the role markers (the word-level tokenizer keeps CLI tests free of real models)
+CHAT_TEMPLATE = ("{% for m in messages %}{{ 'w3' if m['role'] != 'assistant' else 'w4' }} {{ m['content'] }} </s> "
+                 "{% endfor %}{% if add_generation_prompt %}w4 {% endif %}")
+
+
+def tiny_chat_tokenizer():
+    """tiny_tokenizer() with a chat template (what counting, prompts and trimming through the CLI need)."""
+    tok = tiny_tokenizer()
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def tiny_chats(n: int = 30, seed: int = 0, answer_words: int = 140) -> list[dict]:
+    """``n`` one-exchange chats in the ``messages`` format over tiny.VOCAB's words, skewed towards low ids (so a
+    coverage picks a strict subset). User turns pass eval_prompts' 20 characters and answers its 4 x 32-token
+    answer prefix (the bench's default)."""
+    import random
+
+    rng = random.Random(seed)
+
+    def words(count):
+        return " ".join(f"w{min(VOCAB - 1, 5 + int(rng.expovariate(0.12)))}" for _ in range(count))
+
+    return [{"messages": [{"role": "user", "content": words(8)},
+                          {"role": "assistant", "content": words(answer_words)}]} for _ in range(n)]
+
+
+def save_tiny_cli_model(folder, seed: int = 0) -> None:
+    """A tiny Llama (fp32) with the chat tokenizer saved in ``folder``: a model path any CLI command takes."""
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(llama_config()).eval()
+    model.generation_config.pad_token_id = 0
+    model.save_pretrained(folder)
+    tiny_chat_tokenizer().save_pretrained(folder)

@@ -11,7 +11,6 @@ import argparse
 import sys
 
 from .._io import first_line
-from ..compatibility import DrafterMismatchError
 from . import evaluation, lmeval, pipeline, tune
 from ._common import UsageError, explicit_options
 
@@ -56,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.explicit = explicit_options(build_parser(), argv)  # typed options: contradictions are checked on these
     try:
+        # Started as the command, the package deferred torch, transformers and its hooks past argparse (--help and a
+        # bad command line stay fast); a command runs with them, as after `import hf_vocabspec`.
+        from .. import generation  # noqa: F401  (routes assistant_model=<TrimmedDrafter> to our generator)
+
         return args.func(args)
     except KeyboardInterrupt:
         if debug:
@@ -70,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         text = ("missing key " if isinstance(err, KeyError) else "") + first_line(err, 400)
         print(f"hf-vocabspec {args.command}: error: {text} (--debug for the traceback)", file=sys.stderr)
         # a bad command line, or models that do not fit together (named on it): 2; anything found later: 1
+        from ..compatibility import DrafterMismatchError
+
         return 2 if isinstance(err, (UsageError, DrafterMismatchError)) else 1
 
 

@@ -9,11 +9,31 @@ import json
 import math
 import os
 import sys
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-import torch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+class _Dtypes(Mapping):
+    """dtype name -> torch dtype, torch imported on first lookup: building the parser (``--help``, a bad command
+    line) imports neither torch nor transformers (tests/test_cli_startup.py)."""
+
+    _NAMES = ("float32", "bfloat16", "float16")
+
+    def __getitem__(self, name: str):
+        if name not in self._NAMES:
+            raise KeyError(name)
+        import torch
+
+        return getattr(torch, name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._NAMES)
+
+    def __len__(self) -> int:
+        return len(self._NAMES)
+
+
+DTYPES = _Dtypes()
 
 
 def log(msg: str) -> None:

@@ -7,8 +7,6 @@ import os
 import time
 from pathlib import Path
 
-import torch
-
 from ._common import (
     DTYPES,
     UsageError,
@@ -63,6 +61,8 @@ def resolve_pair(args) -> None:
 
 
 def cmd_demo(args) -> int:
+    import torch
+
     resolve_pair(args)
     out_dir = prepare_output(args.output, "demo", overwrite=args.overwrite, parent_must_exist=False)
     check_dataset_name(args.dataset)
@@ -73,6 +73,7 @@ def cmd_demo(args) -> int:
 
 
 def _demo(args, out_dir: Path) -> int:
+    import torch
     from tqdm.auto import tqdm
 
     from ..configuration import set_draft_length
@@ -215,7 +216,7 @@ def cmd_bench(args) -> int:
     from ..evaluation.benchmark import format_report
 
     print(format_report(report))
-    log(f"results: {args.output}/results.json, results.md, throughput_vs_vocab.png")
+    log(f"results: {args.output}/results.json, results.md, throughput_vs_vocab.png, draft_latency_vs_vocab.png")
     return 0
 
 

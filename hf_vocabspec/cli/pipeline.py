@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
 from ._common import (
     DTYPES,
     UsageError,
@@ -299,7 +297,11 @@ def cmd_trim(args) -> int:
 
 def cmd_rdk_fit(args) -> int:
     """Fit (or build the prior) RDK kernel for a saved trimmed drafter and save it into the checkpoint."""
+    import torch
+
+    from .._io import first_line
     from ..compatibility import check_compatibility
+    from ..configuration import TrimmedDrafterConfig
     from ..coverage import count_assistant_tokens
     from ..evaluation.offline import load_chat_dataset, load_model, load_tokenizer
     from ..modeling import TrimmedDrafter
@@ -318,13 +320,28 @@ def cmd_rdk_fit(args) -> int:
     if args.output is not None:
         prepare_output(args.output, "drafter", overwrite=args.overwrite)
     check_dataset_name(args.dataset)
+    target_name = args.target
+    if not target_name:  # the recorded target, read before the weights
+        try:
+            target_name = TrimmedDrafterConfig.from_pretrained(args.drafter).target_model
+        except Exception:  # noqa: BLE001 - unreadable: loading the drafter says why, in one line
+            target_name = TrimmedDrafter.from_pretrained(args.drafter).config.target_model
+    if not target_name and args.method == "fitted":
+        raise UsageError(f"--method fitted fits the kernel to the target's distributions, and the drafter {args.drafter} "
+                         "does not record its target: pass --target (the model it serves; `trim --target` records it), "
+                         "or use --method prior (it needs the tokenizer only).")
+    # the prior needs only the tokenizer: the target's, or the one saved with the drafter (`trim` saves it there)
+    tokenizer_name = target_name or args.drafter
+    try:
+        tokenizer = load_tokenizer(tokenizer_name)
+    except Exception as err:  # noqa: BLE001 - no tokenizer saved with the drafter: say what to pass
+        if target_name:
+            raise
+        raise UsageError(f"The drafter {args.drafter} holds no tokenizer and does not record its target "
+                         f"({first_line(err)}): pass --target (the model it serves).") from err
     drafter = TrimmedDrafter.from_pretrained(args.drafter)
-    target_name = args.target or drafter.config.target_model
-    if not target_name:
-        raise UsageError("The drafter does not record its target: pass --target (the model whose distributions to fit).")
-    tokenizer = load_tokenizer(target_name)
     check_compatibility(drafter, tokenizer=tokenizer, fix=f"pass as --target the model the drafter {args.drafter} serves "
-                        f"(not {target_name})")
+                        f"(not {tokenizer_name})")
     dataset = load_chat_dataset(args.dataset)
     if args.method == "fitted":
         log(f"calibrating on {args.sequences} assistant turns of {args.dataset} with {target_name} (T={args.temperature})")
@@ -396,7 +413,8 @@ def register(sub) -> None:
 
     rf = sub.add_parser("rdk-fit", help="fit an RDK kernel (out-of-vocabulary sampling) into a saved trimmed drafter")
     rf.add_argument("drafter", help="directory or repo of a trimmed drafter")
-    rf.add_argument("--target", default=None, help="default: the target recorded in the drafter")
+    rf.add_argument("--target", default=None, help="default: the target recorded in the drafter (`trim --target`); "
+                    "--method prior needs none: it reads the tokenizer saved with the drafter")
     rf.add_argument("--dataset", default="offline:sharegpt", help="calibration chat dataset")
     rf.add_argument("--method", choices=["fitted", "prior"], default="fitted",
                     help="fitted on target distributions, or the embedding-similarity prior")

@@ -566,9 +566,10 @@ def run_benchmark(cfg: BenchConfig, out_dir, progress: Callable | None = None) -
             methods += _ssd_methods(cfg, name, d, sessions)
 
     from ..cost import measure_draft_latency
+    from .plots import plot_latency_curve
 
     curve = measure_draft_latency(full, sorted({d.config.draft_vocab_size for d in trimmed} | {len(tokenizer)}))
-    curve.plot(out / "draft_latency_vs_vocab.png")
+    plot_latency_curve(curve, out / "draft_latency_vs_vocab.png")
     report = {"config": asdict(cfg), "machine": machine_info(), "full_vocab": len(tokenizer),
               "draft_step_latency": curve.to_dict(), "runs": []}
     for workload in cfg.workloads:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .._io import atomic_write, build_once, first_line
+from .._io import atomic_write, build_once, check_utf8, first_line
 from ..coverage import CHAT_ROLES
 from ..hub import register_origin
 
@@ -584,6 +584,8 @@ def load_chat_dataset(name_or_path: str, split: str = "train", **kwargs: Any) ->
         builder = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}.get(exts[-1] if exts else "")
         if builder is None:
             raise ValueError(f"Unsupported data file {path}: use .json, .jsonl, .parquet or .csv.")
+        if builder != "parquet":  # text: not UTF-8 is named here (datasets' JSON reader fails only when a row is read)
+            check_utf8(path, "Dataset file")
         try:
             with _quiet_datasets():
                 ds = datasets.load_dataset(builder, data_files=str(path), split=split, **kwargs)
@@ -605,6 +607,9 @@ def load_chat_dataset(name_or_path: str, split: str = "train", **kwargs: Any) ->
         if not data:
             raise ValueError(f"Dataset folder {name_or_path!r} holds no .json/.jsonl/.parquet/.csv files: pass one "
                              f"{_EXPECTED_DATA}, or a folder written by Dataset.save_to_disk.")
+        for file in data:
+            if ".parquet" not in file.suffixes:
+                check_utf8(file, "Dataset file")
         try:
             return datasets.load_dataset(str(path), split=split, **kwargs)
         except Exception as err:

@@ -1,7 +1,7 @@
 """THE seam to transformers' private generation API: the only module that touches it, version guard beside it.
 
 transformers has no public hook for a user-supplied candidate generator or verification loop, so
-:func:`install` (run on ``import hf_vocabspec``; :func:`uninstall` undoes it) wraps four private methods of
+:func:`install` (run on ``import hf_vocabspec``; :func:`uninstall` undoes it) wraps five private methods of
 ``GenerationMixin``, and only acts when the assistant is ours (a :class:`TrimmedDrafter` or an hf_vocabspec
 session object exposing ``_hf_vocabspec_candidate_generator``); every other call goes to the original untouched:
 
@@ -9,6 +9,8 @@ session object exposing ``_hf_vocabspec_candidate_generator``); every other call
   mismatched drafter gets our one-line fix instead of transformers' advice to use universal assisted decoding;
   ``num_return_sequences > 1`` is allowed for our drafters (the engine serves it); assistant_model together
   with prompt lookup is refused.
+- ``_validate_model_kwargs``: a drafter-only setting passed to generate() (``batched_speculation``, the
+  drafter's runtime switches) is refused in one line naming where it is set (any assistant: it runs first).
 - ``_prepare_model_inputs``: the caller's attention mask is checked as given (before generate drops an all-ones
   mask or indexes a 1-D one).
 - ``_get_candidate_generator``: SSD sessions draft through their candidate generator inside HF's loop.
@@ -38,7 +40,12 @@ from .. import kernels as _kernels
 from .. import verify_head as _verify_head
 from .._versions import check, supported_range
 from ..compatibility import check_compatibility, target_rows
-from ..configuration import check_batched_speculation, check_draft_length
+from ..configuration import (
+    check_batched_speculation,
+    check_confidence_threshold,
+    check_draft_length,
+    drafter_setting_error,
+)
 from ..modeling import TrimmedDrafter, forward_has_cache, position_limit
 from .candidates import TrimmedCandidateGenerator
 from .engine import SpeculativeEngine, unsupported_layer_types
@@ -97,10 +104,24 @@ def check_trimmed_assistant(target, drafter: TrimmedDrafter, generation_config, 
     """OUR errors for a trimmed drafter (or an SSD session's) that cannot serve this target or the tokenizer passed to
     generate, raised before transformers' checks (which would advise universal assisted decoding: the wrong fix, the
     drafter must share the target's tokenizer). The compatibility rule itself is hf_vocabspec.compatibility's."""
-    n = getattr(generation_config, "num_assistant_tokens", None)
-    if n is not None:
-        check_draft_length(n)
+    # the drafting settings, where they were set: passed to generate() (or on the target's generation_config), and
+    # the drafter's own generation_config (read when generate() leaves them at transformers' defaults)
+    for config, where in ((generation_config, "{}"),
+                          (drafter.generation_config, "drafter.generation_config.{}")):
+        if config is None:
+            continue
+        n = getattr(config, "num_assistant_tokens", None)
+        if n is not None:
+            check_draft_length(n, name=where.format("num_assistant_tokens"))
+        threshold = getattr(config, "assistant_confidence_threshold", None)
+        if threshold is not None:
+            check_confidence_threshold(threshold, name=where.format("assistant_confidence_threshold"))
     check_compatibility(drafter, target=target, tokenizer=mode_kwargs.get("tokenizer"))
+
+
+SSD_BATCH_ONE = ("SSD runs at batch 1 (this call has {rows} rows: prompts x num_return_sequences): call generate once "
+                 "per prompt and sequence with the SSD session, or pass the trimmed drafter itself as assistant_model "
+                 "for batched generation.")
 
 
 def check_inputs(target, assistant, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -128,6 +149,8 @@ def check_inputs(target, assistant, input_ids: torch.Tensor, attention_mask: tor
         if bool(holes.any()):
             raise ValueError("attention_mask has padding inside a prompt: only left padding is supported. Tokenize "
                              "with padding_side='left'.")
+    if getattr(assistant, "_hf_vocabspec_candidate_generator", None) is not None and input_ids.shape[0] > 1:
+        raise ValueError(SSD_BATCH_ONE.format(rows=input_ids.shape[0]))  # before anything walks the session's modules
     gen = getattr(assistant, "generation_config", None)
     if gen is not None and getattr(gen, "batched_speculation", None) is not None:
         check_batched_speculation(gen.batched_speculation)  # refused at every batch size, not only where it is read
@@ -182,6 +205,15 @@ def check_generate_kwargs(generation_config, assistant_model=None) -> None:
     if len(chosen) > 1:
         raise ValueError(f"{' and '.join(chosen)} each choose how drafts are made and only one would run "
                          f"(transformers silently drops the others): pass one of them.")
+
+
+def check_model_kwargs(model_kwargs: dict) -> None:
+    """A drafter-only setting passed to generate() (``batched_speculation="off"``, ``use_context_tokens=False``, ...)
+    is refused in one line naming where it is set, instead of transformers' "model_kwargs are not used"."""
+    for name, value in (model_kwargs or {}).items():
+        why = drafter_setting_error(name, value) if value is not None else None
+        if why:
+            raise ValueError(why)
 
 
 # Draft length of an untrimmed assistant left at transformers' default (20, meant for its confidence-stopped,
@@ -279,8 +311,7 @@ def _run_engine(target, assistant, bound: dict, kernels: str = "F.linear (not ou
     generation_config = bound["generation_config"]
     model_kwargs = dict(bound.get("model_kwargs", {}))
     if getattr(assistant, "_hf_vocabspec_candidate_generator", None) is not None:
-        raise ValueError("SSD runs at batch 1: call generate once per prompt with the SSD session, or pass the "
-                         "trimmed drafter itself as assistant_model for batched generation.")
+        raise ValueError(SSD_BATCH_ONE.format(rows=input_ids.shape[0]))
     reason = _engine_refusal(target, assistant, input_ids, generation_config, model_kwargs, bound)
     if reason:
         raise ValueError(reason)
@@ -344,7 +375,16 @@ def install() -> None:
     validate = GenerationMixin._validate_generation_mode
     assisted = GenerationMixin._assisted_decoding
     prepare_inputs = GenerationMixin._prepare_model_inputs
+    validate_kwargs = GenerationMixin._validate_model_kwargs
     signature = inspect.signature(assisted)
+
+    @functools.wraps(validate_kwargs)
+    def _validate_model_kwargs(self, model_kwargs):
+        try:  # runs before _validate_generation_mode: the assistant is not known yet
+            return validate_kwargs(self, model_kwargs)
+        except ValueError:  # transformers' "model_kwargs are not used": say where a drafter setting lives instead
+            check_model_kwargs(model_kwargs)
+            raise
 
     @functools.wraps(prepare_inputs)
     def _prepare_model_inputs(self, inputs=None, bos_token_id=None, model_kwargs=None):
@@ -427,7 +467,9 @@ def install() -> None:
     _get_candidate_generator.__wrapped__ = get_generator
     _validate_generation_mode.__wrapped__ = validate
     _ORIGINALS.update(_get_candidate_generator=get_generator, _validate_generation_mode=validate,
-                      _assisted_decoding=assisted, _prepare_model_inputs=prepare_inputs)
+                      _assisted_decoding=assisted, _prepare_model_inputs=prepare_inputs,
+                      _validate_model_kwargs=validate_kwargs)
+    GenerationMixin._validate_model_kwargs = _validate_model_kwargs
     GenerationMixin._prepare_model_inputs = _prepare_model_inputs
     GenerationMixin._get_candidate_generator = _get_candidate_generator
     GenerationMixin._validate_generation_mode = _validate_generation_mode
