@@ -8,7 +8,12 @@ tokens accepted after it; it refuses batch > 1 (issue #32165). This loop serves 
 ``_sample``): the WHOLE batch, rows in the caller's order and index, each row its prompt columns as given (left
 padding included) followed by its generated tokens; a finished row stays in the batch and receives
 ``pad_token_id``.
-- Logits processors run at every verified position. Rows sit at different lengths inside a round, so the
+- Processors with state (any not in ``vocabulary.is_stateless``: xgrammar, outlines, ``prefix_allowed_tokens_fn``,
+  the caller's own) are called exactly as target-only calls them, once per generated step: the stepwise round
+  (``_stepwise_round``) decides verified positions step by step, the batch in lockstep, and keeps a row's
+  undecided positions (``_Pending``) until the batch reaches them. A grammar among them guides the drafts through
+  the drafter's own copy of it (:mod:`.constraints`), never through the caller's object.
+- Stateless logits processors run at every verified position. Rows sit at different lengths inside a round, so the
   processors are called once per distinct length t (the rows verifying a position at length t get their
   scores; every other row shows what it holds at t: its real tokens, or pads once it has no more). Value-only
   warpers (temperature, top-k/p, ...) read no ids and run once on all positions.
