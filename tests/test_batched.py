@@ -13,6 +13,7 @@ import pytest
 import torch
 from marginals import PVALUE_THRESHOLD, chi2_pvalue, exact_marginals
 from tiny import EOS, VOCAB, make_pair
+from tiny import left_padded as _batch
 
 import hf_vocabspec
 from hf_vocabspec.generation import engine
@@ -27,17 +28,6 @@ def _pair(kind: str, dtype=torch.float64, length: int = 4, speculation: str = "o
     drafter.generation_config.num_assistant_tokens = length
     drafter.generation_config.batched_speculation = speculation
     return target, drafter
-
-
-def _batch(lengths: list[int], seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    P = max(lengths)
-    ids = torch.zeros(len(lengths), P, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, n in enumerate(lengths):
-        ids[i, P - n :] = torch.randint(3, VOCAB, (n,), generator=g)
-        mask[i, P - n :] = 1
-    return ids, mask
 
 
 def _reference(target, ids, mask, **kw) -> list[list[int]]:

@@ -23,6 +23,7 @@ import pytest
 import torch
 from marginals import PVALUE_THRESHOLD, chi2_pvalue
 from tiny import EOS, VOCAB, make_pair
+from tiny import left_padded as _batch
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 import hf_vocabspec
@@ -74,17 +75,6 @@ def _pair(kind: str, length: int = 4, speculation: str = "on"):
     drafter.generation_config.num_assistant_tokens = length
     drafter.generation_config.batched_speculation = speculation
     return target, drafter
-
-
-def _batch(lengths, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    P = max(lengths)
-    ids = torch.zeros(len(lengths), P, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, n in enumerate(lengths):
-        ids[i, P - n :] = torch.randint(3, VOCAB, (n,), generator=g)
-        mask[i, P - n :] = 1
-    return ids, mask
 
 
 # (drafter setting, generate kwargs) per case; each runs at batch 1 and 3 on llama and gemma3

@@ -189,3 +189,15 @@ def save_tiny_cli_model(folder, seed: int = 0) -> None:
     model.generation_config.pad_token_id = 0
     model.save_pretrained(folder)
     tiny_chat_tokenizer().save_pretrained(folder)
+
+
+def left_padded(lengths: list[int], seed: int = 0):
+    """(ids, mask): random prompts of these lengths, left-padded with 0 (the batched tests' batch)."""
+    g = torch.Generator().manual_seed(seed)
+    P = max(lengths)
+    ids = torch.zeros(len(lengths), P, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, n in enumerate(lengths):
+        ids[i, P - n :] = torch.randint(3, VOCAB, (n,), generator=g)
+        mask[i, P - n :] = 1
+    return ids, mask
