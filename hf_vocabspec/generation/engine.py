@@ -160,6 +160,14 @@ class _Pending:
     q: torch.Tensor | None  # (V,) sampling only
 
 
+def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The law a rejected draft's position is drawn from: (p - q)+ normalised (rows where it is all zero have
+    p == q, where rejection has probability 0: p stands in)."""
+    residual = (p - q).clamp(min=0)
+    total = residual.sum(dim=-1, keepdim=True)
+    return torch.where(total > 0, residual / total.clamp(min=1e-30), p)
+
+
 def unsupported_layer_types(config) -> list[str]:
     """Cache layer types of ``config`` the engine cannot roll back per row (empty: all supported)."""
     types = getattr(config.get_text_config(decoder=True), "layer_types", None) or []
@@ -480,11 +488,7 @@ class SpeculativeEngine:
         rejected = accepted < proposes
         if bool(rejected.any()):
             at = accepted.clamp(max=L - 1)
-            residual = (p_next - q_full[rows, at]).clamp(min=0)
-            total = residual.sum(dim=-1, keepdim=True)
-            # total == 0 only when p == q at that position, where rejection has probability 0
-            residual = torch.where(total > 0, residual / total.clamp(min=1e-30), p_next)
-            p_next = torch.where(rejected[:, None], residual, p_next)
+            p_next = torch.where(rejected[:, None], _residual(p_next, q_full[rows, at]), p_next)
         new = torch.multinomial(p_next, 1)[:, 0]
         return _Round(accepted, new)
 
@@ -502,20 +506,28 @@ class SpeculativeEngine:
         draft_rows = drafts.tolist() if drafts is not None else None
         total = 0
         for i, r in enumerate(self.rows.tolist()):
-            out = self.gen[r]
             tokens = (draft_rows[i][: acc[i]] if draft_rows is not None else []) + [new[i]]
             for j, t in enumerate(tokens):
-                out.append(t)
-                self.emitted.append(t)
                 total += 1
-                if self.need_scores:
-                    self.pending_scores[r].append(processed[i, j])
-                if self.keep_logits:
-                    self.pending_logits[r].append(raw[i, j])
-                if t in self.eos_set or len(out) >= self.max_new:
-                    self.ended[r] = len(out)
+                if self._append(r, t, processed[i, j] if self.need_scores else None,
+                                raw[i, j] if self.keep_logits else None):
                     break
         return total
+
+    def _append(self, r: int, t: int, processed: torch.Tensor | None, raw: torch.Tensor | None) -> bool:
+        """Token t joins original row r (with its processed scores / raw logits where they are kept until the
+        step is committed); True where it ends the row (EOS or the length budget)."""
+        out = self.gen[r]
+        out.append(t)
+        self.emitted.append(t)
+        if self.need_scores:
+            self.pending_scores[r].append(processed)
+        if self.keep_logits:
+            self.pending_logits[r].append(raw)
+        if t in self.eos_set or len(out) >= self.max_new:
+            self.ended[r] = len(out)
+            return True
+        return False
 
     def _commit(self) -> None:
         """Run the stopping criteria (and the streamer) step by step, as target-only does, up to where every
@@ -721,20 +733,13 @@ class SpeculativeEngine:
             tokens, ok = self._decide(mine, entries)
             for k, (r, t, good) in enumerate(zip(live, tokens, ok)):
                 i = where[r]
-                self.gen[r].append(t)
-                self.emitted.append(t)
+                self._append(r, t, mine[k], entries[k].raw)
                 emitted += 1
-                if self.need_scores:
-                    self.pending_scores[r].append(mine[k])
-                if self.keep_logits:
-                    self.pending_logits[r].append(entries[k].raw)
                 if good:
                     accepted[i] += 1
                 else:  # a rejected draft, or the target's own token: the row's other positions are void
                     new[i] = t
                     self.chain[r] = []
-                if t in self.eos_set or len(self.gen[r]) >= self.max_new:
-                    self.ended[r] = len(self.gen[r])
             self._commit()
         kept = []
         for i, r in enumerate(rows):
@@ -777,10 +782,7 @@ class SpeculativeEngine:
         p_d = p.gather(1, d[:, None])[:, 0]
         q_d = q.gather(1, d[:, None])[:, 0]
         ok = has & (torch.rand_like(p_d) * q_d <= p_d)  # u <= p/q, without dividing
-        residual = (p - q).clamp(min=0)
-        total = residual.sum(dim=-1, keepdim=True)
-        residual = torch.where(total > 0, residual / total.clamp(min=1e-30), p)
-        law = torch.where((has & ~ok)[:, None], residual, p)
+        law = torch.where((has & ~ok)[:, None], _residual(p, q), p)
         return torch.where(ok, d, torch.multinomial(law, 1)[:, 0]).tolist(), ok.tolist()
 
     # ---- the loop ----------------------------------------------------------------------------------------
