@@ -32,7 +32,9 @@ __all__ = [
     "VocabularyMapError",
     "check_batched_speculation",
     "check_confidence_threshold",
+    "check_constrain_drafts",
     "check_draft_length",
+    "check_drafting_settings",
     "check_weight_quantization",
     "DRAFTER_SETTINGS",
     "drafter_setting_error",
@@ -243,6 +245,26 @@ def check_batched_speculation(value: object, *,
     only read at batch > 1 would otherwise ride along unnoticed); return it."""
     if not isinstance(value, str) or value not in SPECULATION_MODES:
         raise ValueError(f"batched_speculation must be one of {SPECULATION_MODES} (got {value!r}): {fix}.")
+    return value
+
+
+def check_drafting_settings(config, where: str = "{}") -> None:
+    """The draft length and confidence threshold of a generation config, checked where they are set (``where``
+    formats each name, e.g. "drafter.generation_config.{}"); unset values pass."""
+    n = getattr(config, "num_assistant_tokens", None)
+    if n is not None:
+        check_draft_length(n, name=where.format("num_assistant_tokens"))
+    threshold = getattr(config, "assistant_confidence_threshold", None)
+    if threshold is not None:
+        check_confidence_threshold(threshold, name=where.format("assistant_confidence_threshold"))
+
+
+def check_constrain_drafts(value: object) -> bool:
+    """``drafter.generation_config.constrain_drafts``: True or False (whether a grammar among the call's processors
+    also guides the drafts, through the drafter's own copy of it)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"constrain_drafts must be True or False (got {value!r}): set "
+                         "drafter.generation_config.constrain_drafts = True or False.")
     return value
 
 

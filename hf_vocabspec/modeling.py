@@ -36,8 +36,7 @@ from .configuration import (
     TrimmedDrafterConfig,
     VocabularyMapError,
     check_batched_speculation,
-    check_confidence_threshold,
-    check_draft_length,
+    check_drafting_settings,
     check_weight_quantization,
 )
 
@@ -551,11 +550,8 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
         if gen is not None and getattr(gen, "batched_speculation", None) is not None:
             check_batched_speculation(gen.batched_speculation)  # refused here, not by the loader of the checkpoint
             gen._from_model_config = False  # else transformers drops the field when loading generation_config.json
-        if gen is not None and getattr(gen, "num_assistant_tokens", None) is not None:
-            check_draft_length(gen.num_assistant_tokens, name="drafter.generation_config.num_assistant_tokens")
-        if gen is not None and getattr(gen, "assistant_confidence_threshold", None) is not None:
-            check_confidence_threshold(gen.assistant_confidence_threshold,
-                                       name="drafter.generation_config.assistant_confidence_threshold")
+        if gen is not None:
+            check_drafting_settings(gen, "drafter.generation_config.{}")
         if kwargs.get("push_to_hub"):
             return super().save_pretrained(save_directory, *args, **kwargs)
         final = os.path.abspath(os.fspath(save_directory))

@@ -42,8 +42,8 @@ from .._versions import check, supported_range
 from ..compatibility import check_compatibility, target_rows
 from ..configuration import (
     check_batched_speculation,
-    check_confidence_threshold,
-    check_draft_length,
+    check_constrain_drafts,
+    check_drafting_settings,
     drafter_setting_error,
 )
 from ..modeling import TrimmedDrafter, forward_has_cache, position_limit
@@ -108,14 +108,8 @@ def check_trimmed_assistant(target, drafter: TrimmedDrafter, generation_config, 
     # the drafter's own generation_config (read when generate() leaves them at transformers' defaults)
     for config, where in ((generation_config, "{}"),
                           (drafter.generation_config, "drafter.generation_config.{}")):
-        if config is None:
-            continue
-        n = getattr(config, "num_assistant_tokens", None)
-        if n is not None:
-            check_draft_length(n, name=where.format("num_assistant_tokens"))
-        threshold = getattr(config, "assistant_confidence_threshold", None)
-        if threshold is not None:
-            check_confidence_threshold(threshold, name=where.format("assistant_confidence_threshold"))
+        if config is not None:
+            check_drafting_settings(config, where)
     check_compatibility(drafter, target=target, tokenizer=mode_kwargs.get("tokenizer"))
 
 
@@ -327,7 +321,8 @@ def _run_engine(target, assistant, bound: dict, kernels: str = "F.linear (not ou
         speculation=speculation, streamer=bound.get("streamer"),
         keep_scores=bool(generation_config.return_dict_in_generate and generation_config.output_scores),
         keep_logits=bool(generation_config.return_dict_in_generate and generation_config.output_logits),
-        constrain_drafts=_constrain_drafts(assistant))
+        constrain_drafts=check_constrain_drafts(
+            getattr(getattr(assistant, "generation_config", None), "constrain_drafts", True)))
     engine.stats.kernels = kernels
     sequences = engine.run()
     assistant.last_speculation_stats = engine.stats
@@ -335,16 +330,6 @@ def _run_engine(target, assistant, bound: dict, kernels: str = "F.linear (not ou
         return GenerateDecoderOnlyOutput(sequences=sequences, scores=tuple(engine.scores) or None,
                                          logits=tuple(engine.raw_logits) or None)
     return sequences
-
-
-def _constrain_drafts(assistant) -> bool:
-    """``drafter.generation_config.constrain_drafts`` (default True): whether a grammar among the processors also
-    guides the drafts (through the drafter's own copy of it, generation/constraints.py)."""
-    value = getattr(getattr(assistant, "generation_config", None), "constrain_drafts", True)
-    if not isinstance(value, bool):
-        raise ValueError(f"constrain_drafts must be True or False (got {value!r}): set "
-                         "drafter.generation_config.constrain_drafts = True or False.")
-    return value
 
 
 def processors_with_state(bound: dict) -> list[str]:
