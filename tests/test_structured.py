@@ -112,7 +112,7 @@ def _run(target, drafter, ids, mask, kw, assistant):
 def test_called_exactly_as_target_only(kind, batch, case):
     setting, kw = CASES[case]
     target, drafter = _pair(kind, **setting)
-    ids, mask = _batch([9] if batch == 1 else [7, 11, 4])
+    ids, mask = _batch([11] if batch == 1 else [7, 11, 4])
     ref, ref_calls = _run(target, drafter, ids, mask, kw, None)
     out, calls = _run(target, drafter, ids, mask, kw, drafter)
     assert torch.equal(out, ref), (ref.tolist(), out.tolist())
@@ -337,3 +337,23 @@ def test_outlines_identical_to_target_only(client_pair, grammar, batch):
         out = model.batch(TEXTS[:batch], output_type, assistant_model=drafter, **kw)
     assert out == ref
     assert drafter.last_speculation_stats.stepwise
+
+
+def test_constrain_drafts_must_be_a_bool(client_pair):
+    from xgrammar.contrib.hf import LogitsProcessor as XgrProcessor
+    import xgrammar as xgr
+
+    target, drafter, tok = client_pair
+    info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=target.config.vocab_size)
+    grammar = xgr.GrammarCompiler(info).compile_regex(REGEX)
+    drafter.generation_config.constrain_drafts = "no"
+    try:
+        with pytest.raises(ValueError, match=r"constrain_drafts = True or False"):
+            target.generate(**_encode(tok, 1), max_new_tokens=4, do_sample=False, assistant_model=drafter,
+                            logits_processor=[XgrProcessor(grammar)])
+        drafter.generation_config.constrain_drafts = False
+        target.generate(**_encode(tok, 1), max_new_tokens=4, do_sample=False, assistant_model=drafter,
+                        logits_processor=[XgrProcessor(grammar)])
+        assert drafter.last_speculation_stats.draft_constraint == ""
+    finally:
+        drafter.generation_config.constrain_drafts = True
