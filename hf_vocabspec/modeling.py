@@ -256,6 +256,21 @@ def apply_weight_quantization(modules: Iterable[nn.Module], scheme: str | None, 
     return len(todo)
 
 
+def check_drafter_location(where) -> None:
+    """A drafter's path or repo id, checked before anything reads it (and before any Hub request): a path that does
+    not exist, a file, or a folder without config.json is refused in one line; a repo id passes."""
+    if isinstance(where, (str, os.PathLike)) and not os.path.exists(where) and (
+            os.fspath(where).startswith((".", "/", "~")) or os.fspath(where).count("/") > 1):
+        raise FileNotFoundError(f"No such drafter directory: {os.fspath(where)!r} (check the path; a Hub repo id "
+                                "looks like 'owner/name').")
+    if isinstance(where, (str, os.PathLike)) and os.path.isfile(where):
+        raise FileNotFoundError(f"{os.fspath(where)!r} is a file: pass the folder a drafter was saved to "
+                                "(drafter.save_pretrained(dir)).")
+    if where is not None and os.path.isdir(where) and not os.path.isfile(os.path.join(where, "config.json")):
+        raise FileNotFoundError(f"{os.fspath(where)!r} has no config.json: not a saved drafter (save one with "
+                                "drafter.save_pretrained(dir)).")
+
+
 class TrimmedDrafter(PreTrainedModel, GenerationMixin):
     """A causal-LM drafter whose LM head keeps only ``config.draft_vocab_size`` rows.
 
@@ -592,16 +607,7 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
         """As ``PreTrainedModel.from_pretrained``, then refuse a checkpoint whose vocabulary map is bad."""
         want_info = kwargs.pop("output_loading_info", False)
         where = args[0] if args else kwargs.get("pretrained_model_name_or_path")
-        if isinstance(where, (str, os.PathLike)) and not os.path.exists(where) and (
-                os.fspath(where).startswith((".", "/", "~")) or os.fspath(where).count("/") > 1):
-            raise FileNotFoundError(f"No such drafter directory: {os.fspath(where)!r} (check the path; a Hub repo id "
-                                    "looks like 'owner/name').")
-        if isinstance(where, (str, os.PathLike)) and os.path.isfile(where):
-            raise FileNotFoundError(f"{os.fspath(where)!r} is a file: pass the folder a drafter was saved to "
-                                    "(drafter.save_pretrained(dir)).")
-        if where is not None and os.path.isdir(where) and not os.path.isfile(os.path.join(where, "config.json")):
-            raise FileNotFoundError(f"{os.fspath(where)!r} has no config.json: not a saved drafter (save one with "
-                                    "drafter.save_pretrained(dir)).")
+        check_drafter_location(where)
         local = where is not None and os.path.isdir(where)
         if local:
             _check_local_checkpoint(os.fspath(where))  # config.json vs the weights' shapes, before building anything

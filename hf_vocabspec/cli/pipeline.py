@@ -304,7 +304,7 @@ def cmd_rdk_fit(args) -> int:
     from ..configuration import TrimmedDrafterConfig
     from ..coverage import count_assistant_tokens
     from ..evaluation.offline import load_chat_dataset, load_model, load_tokenizer
-    from ..modeling import TrimmedDrafter
+    from ..modeling import TrimmedDrafter, check_drafter_location
     from ..rdk import (
         calibration_sequences,
         collect_calibration,
@@ -321,7 +321,8 @@ def cmd_rdk_fit(args) -> int:
         prepare_output(args.output, "drafter", overwrite=args.overwrite)
     check_dataset_name(args.dataset)
     target_name = args.target
-    if not target_name:  # the recorded target, read before the weights
+    if not target_name:  # the recorded target, read before the weights (a bad path is refused before any request)
+        check_drafter_location(args.drafter)
         try:
             target_name = TrimmedDrafterConfig.from_pretrained(args.drafter).target_model
         except Exception:  # noqa: BLE001 - unreadable: loading the drafter says why, in one line
