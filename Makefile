@@ -22,6 +22,10 @@ STRUCTURED_NODEPS := xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2
 
 PAIR_STAMP := $(VENV)/.installed-pair
 
+# The suite runs on every core (pytest-xdist; a module's tests stay in one worker, so its module fixtures are built
+# once) and names its slowest tests (what to shrink next when CI's time grows). `make test PYTEST_ARGS=` runs serially.
+PYTEST_ARGS ?= -n auto --dist loadfile --durations=30
+
 .PHONY: setup setup-pair demo demo-pair test test-fast clean
 
 $(STAMP): pyproject.toml Makefile
@@ -53,10 +57,10 @@ demo-pair: $(PAIR_STAMP)
 	$(BIN)/hf-vocabspec demo --pair q
 
 test: $(STAMP) $(PAIR_STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not integration"
+	$(BIN)/python -m pytest -q -m "not integration" $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-524 results

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from tiny import VOCAB, make_pair
 
 import hf_vocabspec
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs the suite on every core (pytest-xdist, one worker a core): one torch thread a worker, or two
+    # workers' thread pools fight over the same cores (tiny models are dispatch-bound anyway).
+    torch.set_num_threads(1)
 
 
 @pytest.fixture

@@ -357,3 +357,72 @@ def test_constrain_drafts_must_be_a_bool(client_pair):
         assert drafter.last_speculation_stats.draft_constraint == ""
     finally:
         drafter.generation_config.constrain_drafts = True
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_xgrammar_sampled_rows_are_valid(client_pair, batch):
+    """Sampled rows (two return sequences each) under a JSON schema: every emitted token is one the grammar allows
+    (replayed through a fresh matcher), with drafts both accepted and rejected."""
+    import xgrammar as xgr
+    from xgrammar.contrib.hf import LogitsProcessor as XgrProcessor
+
+    target, drafter, tok = client_pair
+    compiled = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok, vocab_size=target.config.vocab_size)
+                                   ).compile_json_schema(json.dumps(SCHEMA), any_whitespace=False)
+    enc = _encode(tok, batch)
+    torch.manual_seed(1)
+    out = target.generate(**enc, max_new_tokens=16, do_sample=True, num_return_sequences=2, assistant_model=drafter,
+                          logits_processor=[XgrProcessor(compiled)])
+    stats = drafter.last_speculation_stats
+    assert stats.stepwise and 0 < stats.accepted < stats.proposed
+    for row in out[:, enc["input_ids"].shape[1]:].tolist():
+        matcher = xgr.GrammarMatcher(compiled)
+        for t in row:
+            if matcher.is_terminated():
+                assert t == tok.pad_token_id, tok.decode(row)
+                continue
+            assert matcher.accept_token(t), tok.decode(row)
+
+
+def test_xgrammar_replay_has_power(client_pair):
+    """The replay above rejects a row the grammar forbids."""
+    import xgrammar as xgr
+
+    target, _, tok = client_pair
+    compiled = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok, vocab_size=target.config.vocab_size)
+                                   ).compile_json_schema(json.dumps(SCHEMA), any_whitespace=False)
+    matcher = xgr.GrammarMatcher(compiled)
+    assert not all(matcher.accept_token(t) for t in tok("name: Bob")["input_ids"])
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("batch", [1, 3])
+def test_real_pair_xgrammar_and_outlines_identical(batch):
+    """The issue's table on a real model: SmolLM2-135M-Instruct and its trimmed copy (its first 12,000 ids),
+    xgrammar's JSON-schema processor and outlines' JSON schema, greedy, identical to target-only."""
+    import outlines
+    import xgrammar as xgr
+    from outlines.types import JsonSchema
+    from xgrammar.contrib.hf import LogitsProcessor as XgrProcessor
+
+    from hf_vocabspec.evaluation.offline import load_model, load_tokenizer
+
+    tok = load_tokenizer("offline:smollm2-135m-instruct")
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    target = load_model("offline:smollm2-135m-instruct", dtype=torch.float32).eval()
+    drafter = hf_vocabspec.trim_drafter(load_model("offline:smollm2-135m-instruct", dtype=torch.float32),
+                                        range(12000), tokenizer=tok).eval()
+    prompts = [tok.apply_chat_template([{"role": "user", "content": f"{t} Answer as JSON with a name and an age."}],
+                                       add_generation_prompt=True, tokenize=False) for t in TEXTS[:batch]]
+    enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left")
+    compiled = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok, vocab_size=target.config.vocab_size)
+                                   ).compile_json_schema(json.dumps(SCHEMA), any_whitespace=False)
+    outs = [target.generate(**enc, max_new_tokens=24, do_sample=False, assistant_model=a,
+                            logits_processor=[XgrProcessor(compiled)]) for a in (None, drafter)]
+    assert torch.equal(outs[0], outs[1]), [tok.batch_decode(o) for o in outs]
+    assert drafter.last_speculation_stats.accepted > 0
+    model = outlines.from_transformers(target, tok)
+    kw = dict(max_new_tokens=24, do_sample=False)
+    assert (model.batch(prompts, JsonSchema(json.dumps(SCHEMA)), assistant_model=drafter, **kw)
+            == model.batch(prompts, JsonSchema(json.dumps(SCHEMA)), **kw))

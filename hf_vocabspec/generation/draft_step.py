@@ -239,7 +239,8 @@ class DraftStep:
 
     def constrain(self, logits: torch.Tensor, row_ids: list[int]) -> torch.Tensor:
         """Each row's draft-space logits masked to what its draft constraint allows (a row it leaves unconstrained,
-        or whose allowed tokens all lie outside the draft space, drafts freely)."""
+        or whose allowed tokens all lie outside the draft space or outside what the processors left, e.g. a top-k,
+        drafts as without the constraint)."""
         out = logits
         ids = self.vocab.ids if self.vocab is not None else torch.arange(logits.shape[-1], device=logits.device)
         for b, row in enumerate(row_ids):
@@ -253,6 +254,7 @@ class DraftStep:
                 ok = torch.zeros(ids.numel(), dtype=torch.bool, device=logits.device)
                 idx = self.vocab.draft_index(allowed) if self.vocab is not None else allowed[allowed < ids.numel()]
                 ok[idx[idx >= 0]] = True
+            ok &= torch.isfinite(logits[b])
             if bool(ok.any()):
                 if out is logits:
                     out = logits.clone()
@@ -293,9 +295,10 @@ class DraftStep:
     def __call__(self, input_ids, cache, contexts, row_ids=None, attention_mask=None,
                  position_ids=None) -> DraftedToken:
         """Feed ``input_ids`` after ``cache`` and draft the next position of every row."""
-        logits = self.process(self.logits(input_ids, cache, attention_mask, position_ids), contexts, row_ids)
-        if self.constraint is not None:
+        logits = self.logits(input_ids, cache, attention_mask, position_ids)
+        if self.constraint is not None:  # first, as target-only applies the caller's processors before its warpers
             logits = self.constrain(logits, row_ids if row_ids is not None else list(range(logits.shape[0])))
+        logits = self.process(logits, contexts, row_ids)
         idx, probs = self.draw(logits)
         token = self.to_tokens(idx)
         self.stats.draft_steps += 1
