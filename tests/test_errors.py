@@ -1093,3 +1093,14 @@ def test_generate_refuses_prompt_plus_new_tokens_beyond_the_drafter_s_positions(
         assert "lower max_new_tokens" in str(err)
     else:
         raise AssertionError("generated past the drafter's positions")
+
+
+def test_trim_keeping_the_whole_vocabulary_runs_and_reports_1x(capsys, cli_model, tmp_path):
+    """#38: `trim --k <vocabulary size>` (or a search that picks the whole head, as a noisy measured curve can on a
+    small model) saved the drafter, then crashed with 'list index out of range': the latency measurement of the
+    trimmed and the full head had one size for both."""
+    model, chats = cli_model
+    rc, err = run_cli(capsys, "trim", "--drafter", str(model), "--dataset", str(chats), "--k", "64", "--dtype",
+                      "float32", "--output", str(tmp_path / "whole"))
+    assert rc == 0, err
+    assert (tmp_path / "whole" / "config.json").is_file()

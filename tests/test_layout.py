@@ -1,5 +1,6 @@
 """The package's shape: no import cycle among its modules (lazy and by-name imports included), the core never
-imports the tooling (evaluation/, cli/, the ``python -m hf_vocabspec.lmeval`` entry), configuration.py and
+imports the tooling (evaluation/, cli/, the ``python -m hf_vocabspec.lmeval`` entry), evaluation/ never imports
+the entry points (cli/, the lmeval entry), configuration.py and
 modeling.py (shipped with every checkpoint) import only torch, transformers and each other, and one home per
 concept: the compatibility check (drafter vs target and tokenizer) lives in compatibility.py alone, the
 "first line of an exception" helper in _io.py alone."""
@@ -138,6 +139,37 @@ def core_imports_of_tooling(graph: dict[str, set[str]]) -> dict[str, list[str]]:
 
 def test_core_never_imports_tooling():
     assert core_imports_of_tooling(_graph()) == {}
+
+
+# Within the tooling, layers run one way too: the entry points (the CLI and ``python -m hf_vocabspec.lmeval``) import
+# evaluation/, never the reverse (what both need lives in evaluation/, e.g. evaluation/usage.py).
+EVALUATION = "hf_vocabspec.evaluation"
+ENTRY_POINTS = ("hf_vocabspec.cli", "hf_vocabspec.lmeval")
+
+
+def evaluation_imports_of_entry_points(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Module of evaluation/ -> the entry-point modules (cli/, the lmeval entry) it imports."""
+    def inside(m: str, roots) -> bool:
+        return any(m == r or m.startswith(r + ".") for r in roots)
+
+    found = {name: sorted(m for m in deps if inside(m, ENTRY_POINTS))
+             for name, deps in graph.items() if inside(name, (EVALUATION,))}
+    return {k: v for k, v in found.items() if v}
+
+
+def test_evaluation_never_imports_the_cli():
+    assert evaluation_imports_of_entry_points(_graph()) == {}
+
+
+def test_evaluation_layer_check_has_power():
+    """The edge this rule was made for (evaluation/lmeval.py importing cli/_common.py, issue #38) is reported, a
+    relative import of it included; the CLI importing evaluation/ is not."""
+    src = "def _resolve(name):\n    from ..cli._common import check_model_name\n"
+    graph = {"hf_vocabspec.evaluation.lmeval": imports_of(src, "hf_vocabspec.evaluation.lmeval"),
+             "hf_vocabspec.cli._common": {"hf_vocabspec.evaluation.usage"},
+             "hf_vocabspec.evaluation.usage": set()}
+    assert evaluation_imports_of_entry_points(graph) == {
+        "hf_vocabspec.evaluation.lmeval": ["hf_vocabspec.cli._common", "hf_vocabspec.cli._common.check_model_name"]}
 
 
 def test_layout_checks_have_power():

@@ -32,3 +32,25 @@ def test_rows_ratios_table_and_plot(tmp_path):
     assert md.count("Temperature") == 2
     plot_rdk_report(report, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 10_000
+
+
+def test_a_small_dataset_splits_its_held_out_part_or_is_refused_in_one_line(cli_model, tmp_path):
+    """A held-out part of 3000 or fewer conversations went whole to calibration and crashed on the empty rest
+    (IndexError, #38: README's `hf-vocabspec rdk-bench` on a local chats file); now half of it calibrates, and a
+    held-out part too small to split is refused naming the fix."""
+    import json
+
+    import pytest
+
+    from hf_vocabspec.evaluation.rdk_benchmark import RDKBenchConfig, run_rdk_benchmark
+
+    model, chats = cli_model
+    five = tmp_path / "five.jsonl"
+    five.write_text("".join(line + "\n" for line in chats.read_text().splitlines()[:5]), encoding="utf-8")
+    cfg = dict(target=str(model), drafter_dtype="float32", levels=(0.9,), temperatures=(1.0,), count_examples=20,
+               calibration_sequences=2, score_sequences=2, prompts=1, max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"1 conversation\(s\) held out after the 4 counted.*more conversations"):
+        run_rdk_benchmark(RDKBenchConfig(dataset=str(five), **cfg), tmp_path / "refused")
+    run_rdk_benchmark(RDKBenchConfig(dataset=str(chats), **cfg), tmp_path / "ran")  # 10 held out: 5 + 5
+    report = json.loads((tmp_path / "ran" / "results.json").read_text())
+    assert report["prompts"] == 1 and report["runs"] and report["runs"][0]["rows"]

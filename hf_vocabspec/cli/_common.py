@@ -12,6 +12,10 @@ import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+# A bad argument and the checks of model/dataset names live below the CLI (the lm-eval backend raises and runs them
+# too); the commands import them from here.
+from ..evaluation.usage import UsageError, check_dataset_name, check_model_name  # noqa: F401
+
 
 class _Dtypes(Mapping):
     """dtype name -> torch dtype, torch imported on first lookup: building the parser (``--help``, a bad command
@@ -54,10 +58,6 @@ def is_main_process() -> bool:
     from accelerate import PartialState
 
     return PartialState(cpu=True).is_main_process
-
-
-class UsageError(ValueError):
-    """A bad combination of command-line arguments found after parsing (exit status 2, like argparse's)."""
 
 
 def confidence_threshold(text: str) -> float:
@@ -184,37 +184,6 @@ def refuse_together(args, first: str, others: tuple[str, ...], why: str) -> None
     """UsageError when ``first`` and any of ``others`` were both typed (one of them would be ignored)."""
     if given(args, first) and given(args, *others):
         raise UsageError(f"{given(args, first)[0]} and {', '.join(given(args, *others))} contradict: {why}.")
-
-
-def check_dataset_name(name: str, option: str = "--dataset") -> None:
-    """A dataset that cannot exist (a mistyped path, an unknown offline name) is refused before any work."""
-    from ..evaluation.offline import _check_local, _DATASETS, _key, is_offline_name
-
-    if is_offline_name(name):
-        _key(name, _DATASETS, "dataset")
-        return
-    try:
-        _check_local(name, "dataset")
-    except FileNotFoundError as err:
-        raise UsageError(f"{option}: {err}") from None
-
-
-def check_model_name(name: str | None, option: str) -> None:
-    """A model that cannot exist (a mistyped path, an unknown offline name, a counts file) is refused first."""
-    from ..evaluation.offline import _MODELS, _check_local, _key, is_offline_name
-
-    if name is None:
-        return
-    if is_offline_name(name):
-        try:
-            _key(name, _MODELS, "model")
-        except ValueError as err:
-            raise UsageError(f"{option}: {err}") from None
-        return
-    try:
-        _check_local(name, "model")
-    except (FileNotFoundError, ValueError) as err:
-        raise UsageError(f"{option}: {err}") from None
 
 
 def check_ks_in_vocabulary(ks, tokenizer_name: str, option: str = "--ks") -> int:

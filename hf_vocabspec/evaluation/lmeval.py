@@ -36,7 +36,7 @@ _LATEST: dict[str, Any] = {}  # rank and speculation report of the last backend 
 
 def _resolve(name: str, option: str) -> str:
     """An hf-vocabspec model name (Hub id, path, ``offline:`` name) as something from_pretrained reads."""
-    from ..cli._common import check_model_name
+    from .usage import check_model_name
     from .offline import resolve_model_path
 
     check_model_name(name, option)
@@ -236,7 +236,7 @@ def precheck(argv: list[str]) -> None:
     args = simple_parse_args_string(_option(argv, "--model_args", "-a") or "")
     target = args.get("pretrained")
     if not target:
-        from ..cli._common import UsageError
+        from .usage import UsageError
 
         raise UsageError("--model hf-vocabspec needs --model_args pretrained=<target>[,drafter=<trimmed drafter>]: "
                          "add pretrained=...")

@@ -69,8 +69,13 @@ def run_rdk_benchmark(cfg: RDKBenchConfig, out_dir, progress: Callable | None = 
     work = load_workload(cfg.target, cfg.dataset, cfg.count_examples, progress=progress is not None)
     tokenizer, target, counts, held_out = work.tokenizer, work.target, work.counts, work.held_out
     vocab = int(target.config.get_text_config().vocab_size)
-    # held-out part: the first CALIBRATION_CONVERSATIONS calibrate kernels, prompts and eval coverage come after
-    calib_ds = held_out.select(range(min(len(held_out), CALIBRATION_CONVERSATIONS)))
+    # held-out part: the first CALIBRATION_CONVERSATIONS (at most half of it) calibrate kernels, prompts and eval
+    # coverage come after (a held-out part of 3000 or fewer conversations had left nothing to evaluate on: IndexError)
+    if len(held_out) < 2:
+        raise ValueError(f"--dataset {cfg.dataset}: {len(held_out)} conversation(s) held out after the "
+                         f"{counts.num_examples} counted; rdk-bench calibrates on held-out conversations and evaluates "
+                         "on others: pass a dataset with more conversations (10 or more).")
+    calib_ds = held_out.select(range(min(len(held_out) // 2, CALIBRATION_CONVERSATIONS)))
     eval_ds = held_out.select(range(len(calib_ds), len(held_out)))
     seqs = calibration_sequences(calib_ds, tokenizer, max_sequences=cfg.calibration_sequences + cfg.score_sequences)
     fit_seqs, score_seqs = seqs[: cfg.calibration_sequences], seqs[cfg.calibration_sequences :]
