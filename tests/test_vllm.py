@@ -50,13 +50,13 @@ class Engines:
     def __init__(self):
         self.key, self.llm = None, None
 
-    def get(self, model, drafter=None, method="greedy", k=3):
+    def get(self, model, drafter=None, method="greedy", k=3, spec_method="draft_model"):
         from vllm import LLM
 
-        key = (str(model), str(drafter), method, k)
+        key = (str(model), str(drafter), method, k, spec_method)
         if key != self.key:
             self.close()
-            spec = None if drafter is None else {"method": "draft_model", "model": str(drafter),
+            spec = None if drafter is None else {"method": spec_method, "model": str(drafter),
                                                  "num_speculative_tokens": k, "draft_sample_method": method}
             self.llm = LLM(model=str(model), dtype="float32", enforce_eager=True, max_model_len=512, seed=0,
                            distributed_executor_backend="uni", speculative_config=spec, disable_log_stats=False,
@@ -293,14 +293,15 @@ def test_wrong_map_keeps_output_and_collapses_acceptance(engines, llama_pair, pr
 
 
 # --- probabilistic draft sampling: the law of the first two tokens --------------------------------------------------
-N_DRAWS = 2000
+N_DRAWS = 1000
 
 
 @pytest.fixture(scope="module")
 def law_pair(tmp_path_factory, tokenizer, prompts):
-    """Flatter than llama_pair (head x6) and a noisier drafter: several likely tokens, drafts often rejected."""
-    return build_pair(tmp_path_factory.mktemp("vllm-law"), "llama", tokenizer, prompts, head_scale=6.0, noise=0.5,
-                      seed=1)
+    """Flatter than llama_pair (head x30, seed 2: the first token's top 4 hold ~0.27/0.22/0.09/0.07) and a noisier
+    drafter: several likely tokens, drafts often rejected."""
+    return build_pair(tmp_path_factory.mktemp("vllm-law"), "llama", tokenizer, prompts, head_scale=30.0, noise=0.15,
+                      seed=2)
 
 
 def exact_joint(llm, prompt: list[int]) -> dict[tuple[int, int], float]:
@@ -340,18 +341,26 @@ def law_pvalue(samples: list[tuple[int, int]], joint: dict[tuple[int, int], floa
 def law(engines, law_pair, prompts):
     tdir, ddir = law_pair
     joint = exact_joint(engines.get(tdir), prompts[0])
-    assert sum(joint.values()) > 0.9 and max(joint.values()) < 0.6  # several likely pairs
+    assert sum(joint.values()) > 0.5 and max(joint.values()) < 0.5, joint  # several likely pairs (the rest: one cell)
     return joint
 
 
-def test_probabilistic_drafting_keeps_the_target_law(engines, law_pair, prompts, law):
-    tdir, ddir = law_pair
-    llm = engines.get(tdir, ddir, method="probabilistic")
-    before = spec_counts(llm)
-    p = law_pvalue(sampled_pairs(llm, prompts[0]), law)
-    drafted, accepted = (a - b for a, b in zip(spec_counts(llm), before))
+# vLLM 0.32's CPU build does not keep the target's law when speculating at temperature > 0, whatever the drafter: with
+# the target ITSELF (a plain LlamaForCausalLM, no plugin involved) as its draft model, probabilistic drafting
+# accepted ~3% of drafts (identical models should accept ~all) and returned token 0 for ~30% of second tokens
+# (chi-square p = 0.0 over 1000 draws; greedy drafting at T=1 failed the same way). Temperature 0 is exact
+# (the greedy tests above). Strict: the day vLLM's CPU sampler is fixed these pass, and the marker must go.
+CPU_SAMPLED_SPEC_BROKEN = pytest.mark.xfail(
+    condition=__import__("vllm.platforms", fromlist=["current_platform"]).current_platform.is_cpu(), strict=True,
+    reason="vLLM 0.32 CPU: speculative decoding at temperature > 0 does not keep the target's law, even with the "
+           "target as its own drafter (the control case)")
+
+
+def test_law_check_passes_target_only_sampling(engines, law_pair, prompts, law):
+    """The harness: the target-only engine's own samples fit the exact law computed from its logprobs."""
+    tdir, _ = law_pair
+    p = law_pvalue(sampled_pairs(engines.get(tdir), prompts[0]), law)
     assert p >= PVALUE_THRESHOLD, p
-    assert 0 < accepted < drafted  # drafts both accepted and rejected: the residual law is exercised
 
 
 def test_law_check_has_power(engines, law_pair, prompts, law):
@@ -359,6 +368,18 @@ def test_law_check_has_power(engines, law_pair, prompts, law):
     _, ddir = law_pair
     p = law_pvalue(sampled_pairs(engines.get(ddir), prompts[0]), law)
     assert p < PVALUE_THRESHOLD, p
+
+
+@CPU_SAMPLED_SPEC_BROKEN
+@pytest.mark.parametrize("drafter", ["trimmed", "control: the target itself"])
+def test_probabilistic_drafting_keeps_the_target_law(drafter, engines, law_pair, prompts, law):
+    tdir, ddir = law_pair
+    llm = engines.get(tdir, ddir if drafter == "trimmed" else tdir, method="probabilistic")
+    before = spec_counts(llm)
+    p = law_pvalue(sampled_pairs(llm, prompts[0]), law)
+    drafted, accepted = (a - b for a, b in zip(spec_counts(llm), before))
+    assert p >= PVALUE_THRESHOLD, (p, accepted, drafted)
+    assert 0 < accepted < drafted  # drafts both accepted and rejected: the residual law is exercised
 
 
 # --- a real offline pair: SmolLM2-135M-Instruct, target and trimmed drafter ----------------------------------------
@@ -386,3 +407,59 @@ def test_real_pair_smollm2_greedy_identical(engines, smollm2_dir, smollm2_drafte
     assert greedy_mismatches(reference["four"], greedy(llm, chats, 32)) == []
     drafted, accepted = (a - b for a, b in zip(spec_counts(llm), before))
     assert drafted > 0 and accepted / drafted > 0.5, (accepted, drafted)
+
+
+# --- the EAGLE-3 export, read by vLLM's own EAGLE-3 loader ------------------------------------------------------------
+def eagle3_head(out, drafter: TrimmedDrafter, hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int):
+    """A random-weight EAGLE-3 head (vLLM's llama_eagle3 layout: one `midlayer`, `fc` over 3 target hidden states,
+    a k-row `lm_head`) carrying our exported vocabulary map (hf_vocabspec.export.to_eagle3_vocab_map)."""
+    from hf_vocabspec.export import to_eagle3_vocab_map
+
+    g = torch.Generator().manual_seed(0)
+    k, vocab = drafter.config.draft_vocab_size, drafter.config.vocab_size
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g) * 0.02
+
+    weights = {
+        "midlayer.self_attn.q_proj.weight": rand(heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.k_proj.weight": rand(kv_heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.v_proj.weight": rand(kv_heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.o_proj.weight": rand(hidden, heads * head_dim),
+        "midlayer.mlp.gate_proj.weight": rand(inter, hidden),
+        "midlayer.mlp.up_proj.weight": rand(inter, hidden),
+        "midlayer.mlp.down_proj.weight": rand(hidden, inter),
+        "midlayer.input_layernorm.weight": torch.ones(hidden),
+        "midlayer.hidden_norm.weight": torch.ones(hidden),
+        "midlayer.post_attention_layernorm.weight": torch.ones(hidden),
+        "fc.weight": rand(hidden, 3 * hidden),
+        "norm.weight": torch.ones(hidden),
+        "lm_head.weight": rand(k, hidden),
+        **to_eagle3_vocab_map(drafter),
+    }
+    out.mkdir(parents=True)
+    save_file({n: t.contiguous() for n, t in weights.items()}, out / "model.safetensors", metadata={"format": "pt"})
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": hidden,
+              "intermediate_size": inter, "num_hidden_layers": 1, "num_attention_heads": heads,
+              "num_key_value_heads": kv_heads, "head_dim": head_dim, "vocab_size": vocab, "draft_vocab_size": k,
+              "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+              "hidden_act": "silu", "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2}
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+def _draft_id_to_target_id(worker):
+    return worker.model_runner.drafter.model.draft_id_to_target_id.detach().cpu().tolist()
+
+
+def test_eagle3_export_read_back_by_vllm(engines, llama_pair, prompts, target_only, tmp_path):
+    """vLLM's llama_eagle3 loader reads our d2t offsets as the same target ids (its draft_id_to_target_id holds the
+    offsets; target id = i + offset), and greedy output with that head stays the target's."""
+    tdir, ddir = llama_pair
+    drafter = TrimmedDrafter.from_pretrained(ddir)
+    head = eagle3_head(tmp_path / "eagle3", drafter, hidden=128, heads=2, kv_heads=1, head_dim=64, inter=256)
+    llm = engines.get(tdir, head, spec_method="eagle3")
+    (offsets,) = llm.collective_rpc(_draft_id_to_target_id)
+    read_back = torch.tensor(offsets) + torch.arange(len(offsets))
+    assert torch.equal(read_back, drafter.d2t.cpu())
+    assert greedy_mismatches(target_only["four"], greedy(llm, prompts)) == []

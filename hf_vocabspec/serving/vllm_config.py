@@ -16,13 +16,9 @@ from ..configuration import TrimmedDrafterConfig
 
 __all__ = ["SUPPORTED_BODIES", "VLLMTrimmedDrafterConfig", "flatten_body"]
 
-# body model_type -> (vLLM module, body class): vLLM's own implementation of the drafter's base architecture
-SUPPORTED_BODIES = {
-    "llama": ("vllm.model_executor.models.llama", "LlamaModel"),
-    "qwen2": ("vllm.model_executor.models.qwen2", "Qwen2Model"),
-    "qwen3": ("vllm.model_executor.models.qwen3", "Qwen3Model"),
-    "gemma3_text": ("vllm.model_executor.models.gemma3", "Gemma3Model"),
-}
+# body model_type -> vLLM's own implementation of the drafter's base architecture (vllm.model_executor.models.*; the
+# classes themselves: vllm_model.body_class)
+SUPPORTED_BODIES = {"llama": "LlamaModel", "qwen2": "Qwen2Model", "qwen3": "Qwen3Model", "gemma3_text": "Gemma3Model"}
 
 # our own fields (and bookkeeping) that a body field of the same name must not overwrite
 _KEEP = frozenset({"vocab_size", "model_type", "architectures", "auto_map", "tie_word_embeddings", "dtype",

@@ -16,7 +16,6 @@ What vLLM does not give a model, or runs otherwise, and how it is handled (the o
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterable
 
 import torch
@@ -31,13 +30,23 @@ from ..configuration import VocabularyMapError
 from ..modeling import _head_transform, vocab_map_sha256
 from .vllm_config import SUPPORTED_BODIES, flatten_body
 
-__all__ = ["TrimmedDrafterForVLLM"]
+__all__ = ["TrimmedDrafterForVLLM", "body_class"]
 
 logger = init_logger(__name__)
 
 # checkpoint buffers that only transformers-side features read (context tokens of untied heads, RDK sampling)
 _TRANSFORMERS_ONLY = ("context_ids", "context_head", "rdk_targets", "rdk_weights")
 _FIX = "re-create the drafter with hf_vocabspec.trim_drafter(base_model, keep_token_ids) and save it again"
+
+
+def body_class(model_type: str) -> type[nn.Module]:
+    """vLLM's body class for a supported base (``vllm_config.SUPPORTED_BODIES``)."""
+    from vllm.model_executor.models import gemma3, llama, qwen2, qwen3
+
+    classes = {"llama": llama.LlamaModel, "qwen2": qwen2.Qwen2Model, "qwen3": qwen3.Qwen3Model,
+               "gemma3_text": gemma3.Gemma3Model}
+    assert set(classes) == set(SUPPORTED_BODIES)
+    return classes[model_type]
 
 
 class TrimmedDrafterForVLLM(nn.Module):
@@ -49,9 +58,7 @@ class TrimmedDrafterForVLLM(nn.Module):
         if not hasattr(config, "body_model_type"):  # read by some other path than the plugin's config class
             flatten_body(config)
         self.config = config
-        module, name = SUPPORTED_BODIES[config.body_model_type]
-        self.model = getattr(importlib.import_module(module), name)(
-            vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
+        self.model = body_class(config.body_model_type)(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
         k, vocab = int(config.draft_vocab_size), int(config.vocab_size)
         self.lm_head = ParallelLMHead(k, config.hidden_size, prefix=maybe_prefix(prefix, "lm_head"))
         self.logits_processor = LogitsProcessor(k)
