@@ -261,6 +261,26 @@ def test_corrupt_map_refused(engines, llama_pair, tmp_path):
         engines.get(bad)
 
 
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_weight_quantized_drafter_loads_as_saved(scheme, engines, llama_pair, tmp_path, prompts):
+    """A drafter saved with weight_quantization holds the quantized values: vLLM serves them as saved (its dense
+    kernels), the same model transformers runs (compared with the int kernels off, F.linear on the same values)."""
+    from hf_vocabspec.modeling import quantization_ops_available
+
+    if not quantization_ops_available(scheme):
+        pytest.skip(f"this torch lacks the {scheme} CPU kernels")
+    _, ddir = llama_pair
+    out = tmp_path / f"{scheme}-drafter"
+    TrimmedDrafter.from_pretrained(ddir).quantize_weights(scheme).save_pretrained(out)
+    AutoTokenizer.from_pretrained(ddir).save_pretrained(out)
+    assert json.loads((out / "config.json").read_text())["weight_quantization"] == scheme
+    drafter = TrimmedDrafter.from_pretrained(out).quantize_weights(None).eval()  # same values, F.linear
+    with torch.no_grad():
+        expected = [drafter.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(p):].tolist()
+                    for p in prompts]
+    assert greedy_mismatches(expected, greedy(engines.get(out), prompts)) == []
+
+
 # --- method "draft_model": greedy identity, acceptance, and its power ----------------------------------------------
 @pytest.fixture(scope="module")
 def target_only(engines, llama_pair, prompts):
