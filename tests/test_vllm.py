@@ -14,6 +14,7 @@ What is checked, and what each check can catch:
 - probabilistic draft sampling: the joint law of the first two generated tokens (the second is the first one the
   rejection sampler decides) against the exact law from the target-only engine's logprobs, chi-square
   p >= PVALUE_THRESHOLD; the same check rejects the drafter's own law (power);
+- int8/int4 weight-quantized drafters serve as saved (the quantized values, the model transformers runs);
 - the EAGLE-3 export (hf_vocabspec.export.to_eagle3_vocab_map) read back by vLLM's own EAGLE-3 loader.
 """
 
