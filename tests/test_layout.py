@@ -225,6 +225,32 @@ def test_shipped_import_check_has_power():
         "line 1: imports hf_vocabspec", "line 2: imports numpy"]
 
 
+# --- serving plugins (hf_vocabspec.serving): loaded inside other engines' processes ------------------------------
+SERVING = "hf_vocabspec.serving"
+SERVING_MAY_IMPORT = {"hf_vocabspec.configuration", "hf_vocabspec.modeling"}
+
+
+def serving_import_problems(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Serving modules -> the package modules they import beyond the shipped files and each other."""
+    found = {name: sorted(m for m in deps if m not in SERVING_MAY_IMPORT and not m.startswith(SERVING))
+             for name, deps in graph.items() if name.startswith(SERVING)}
+    return {k: v for k, v in found.items() if v}
+
+
+def test_serving_imports_only_the_shipped_files():
+    assert any(name.startswith(SERVING) for name in _graph())
+    assert serving_import_problems(_graph()) == {}
+    assert serving_import_problems({"hf_vocabspec.serving.x": {"hf_vocabspec.modeling", "hf_vocabspec.hub"}}) == {
+        "hf_vocabspec.serving.x": ["hf_vocabspec.hub"]}  # power
+
+
+def test_nothing_imports_serving():
+    """The serving plugins are entry points of other engines: nothing in the package depends on them."""
+    users = {name: sorted(m for m in deps if m.startswith(SERVING)) for name, deps in _graph().items()
+             if not name.startswith(SERVING)}
+    assert {k: v for k, v in users.items() if v} == {}
+
+
 # --- one home per concept ---------------------------------------------------------------------------------------
 # The compatibility check: its functions and error are defined in compatibility.py, the error raised there alone, and
 # no other module compares a tokenizer fingerprint with the one a drafter recorded (each caller asks the one check).

