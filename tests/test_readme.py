@@ -1,4 +1,5 @@
-"""Every ```python block of README.md runs as written, in a fresh process, after the README's setup.
+"""Every ```python block of README.md runs as written, in a fresh process, after the README's setup: a block and the
+blocks that run after it (``after=``) share one process, in README order, as a reader runs them.
 
 A block may be preceded by an HTML comment that the harness reads (and a reader does not see):
 
@@ -145,9 +146,69 @@ def test_undefined_names_catches_the_old_five_lines():
     assert _undefined_names(old) == {"torch", "inputs", "t"}
 
 
-def _run(block: Block, tmp_path: Path, extra_env: dict | None = None) -> subprocess.CompletedProcess:
-    script = tmp_path / "block.py"
-    script.write_text(program(block))
+def _closure(block: Block) -> list[Block]:
+    """The block and every block it runs after (recursively), in README order."""
+    out, todo = {block.line: block}, [block]
+    while todo:
+        for name in todo.pop().after:
+            if name not in NAMED:
+                raise KeyError(f"{block.id}: after={name} names no block")
+            if NAMED[name].line not in out:
+                out[NAMED[name].line] = NAMED[name]
+                todo.append(NAMED[name])
+    return [out[k] for k in sorted(out)]
+
+
+@dataclass
+class Chain:
+    """Blocks that run in one process, in README order, as a reader runs them: a block without ``after=`` and
+    every block whose earliest such ancestor it is (the setup block runs once, not once per block after it)."""
+
+    blocks: list[Block]
+
+    @property
+    def id(self) -> str:
+        return self.blocks[0].id
+
+    @property
+    def hub(self) -> bool:
+        return any(b.hub for b in self.blocks)
+
+    def script(self) -> str:
+        """One script; before each block a line on stderr names it, so a failure names its block."""
+        return "import sys as _readme_sys\n" + "\n".join(
+            f"print('@@ {b.id}', file=_readme_sys.stderr, flush=True)\n# --- {b.id}\n{b.code}" for b in self.blocks) + "\n"
+
+
+def chains(blocks: list[Block]) -> list[Chain]:
+    groups: dict[int, dict[int, Block]] = {}
+    for b in blocks:
+        closure = _closure(b)
+        root = next(x for x in closure if not x.after)
+        groups.setdefault(root.line, {}).update({x.line: x for x in closure})
+    return [Chain([g[k] for k in sorted(g)]) for _, g in sorted(groups.items())]
+
+
+CHAINS = chains(BLOCKS)
+
+
+def test_every_block_runs_once_in_some_chain():
+    """Every block is in exactly one chain, after every block it names (power: a block out of order is caught)."""
+    seen = [b.line for c in CHAINS for b in c.blocks]
+    assert sorted(seen) == sorted(b.line for b in BLOCKS) and len(seen) == len(set(seen))
+    for c in CHAINS:
+        lines = [b.line for b in c.blocks]
+        assert lines == sorted(lines)
+        for b in c.blocks:
+            assert {x.line for x in _closure(b)} <= set(lines[: lines.index(b.line) + 1])
+    text = "<!-- readme-test: name=a -->\n```python\nA = 1\n```\n<!-- readme-test: after=a -->\n```python\nB = A\n```\n"
+    (chain,) = chains(python_blocks(text))
+    assert [b.code for b in chain.blocks] == ["A = 1", "B = A"]
+
+
+def _run(chain: Chain, tmp_path: Path, extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    script = tmp_path / "chain.py"
+    script.write_text(chain.script())
     env = {**os.environ, **(extra_env or {})}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     return subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, check=False,
@@ -155,21 +216,22 @@ def _run(block: Block, tmp_path: Path, extra_env: dict | None = None) -> subproc
 
 
 def _params():
-    for b in BLOCKS:
-        marks = [pytest.mark.integration] if needs_models(b) else []
-        yield pytest.param(b, marks=marks, id=b.id)
+    for c in CHAINS:
+        marks = [pytest.mark.integration] if any(needs_models(b) for b in c.blocks) else []
+        yield pytest.param(c, marks=marks, id=c.id)
 
 
-@pytest.mark.parametrize("block", list(_params()))
-def test_block_runs_in_a_fresh_process(block, tmp_path):
+@pytest.mark.parametrize("chain", list(_params()))
+def test_blocks_run_in_a_fresh_process(chain, tmp_path):
     env = None
-    if block.hub:
+    if chain.hub:
         sys.path.insert(0, str(Path(__file__).parent))
         from hub_server import LocalHub, client_env
 
         with LocalHub() as hub:
             env = client_env(hub, tmp_path / "hf-cache")
-            proc = _run(block, tmp_path, env)
+            proc = _run(chain, tmp_path, env)
     else:
-        proc = _run(block, tmp_path)
-    assert proc.returncode == 0, f"{block.id} failed:\n{proc.stderr[-4000:]}"
+        proc = _run(chain, tmp_path)
+    failed = [line[3:] for line in proc.stderr.splitlines() if line.startswith("@@ ")]
+    assert proc.returncode == 0, f"{failed[-1] if failed else chain.id} failed:\n{proc.stderr[-4000:]}"

