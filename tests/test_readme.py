@@ -146,16 +146,16 @@ def test_undefined_names_catches_the_old_five_lines():
     assert _undefined_names(old) == {"torch", "inputs", "t"}
 
 
-def _closure(block: Block) -> list[Block]:
+def _closure(block: Block, named: dict[str, Block] = NAMED) -> list[Block]:
     """The block and every block it runs after (recursively), in README order."""
     out, todo = {block.line: block}, [block]
     while todo:
         for name in todo.pop().after:
-            if name not in NAMED:
+            if name not in named:
                 raise KeyError(f"{block.id}: after={name} names no block")
-            if NAMED[name].line not in out:
-                out[NAMED[name].line] = NAMED[name]
-                todo.append(NAMED[name])
+            if named[name].line not in out:
+                out[named[name].line] = named[name]
+                todo.append(named[name])
     return [out[k] for k in sorted(out)]
 
 
@@ -182,8 +182,9 @@ class Chain:
 
 def chains(blocks: list[Block]) -> list[Chain]:
     groups: dict[int, dict[int, Block]] = {}
+    named = {b.name: b for b in blocks if b.name}
     for b in blocks:
-        closure = _closure(b)
+        closure = _closure(b, named)
         root = next(x for x in closure if not x.after)
         groups.setdefault(root.line, {}).update({x.line: x for x in closure})
     return [Chain([g[k] for k in sorted(g)]) for _, g in sorted(groups.items())]
