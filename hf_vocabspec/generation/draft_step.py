@@ -239,8 +239,8 @@ class DraftStep:
 
     def constrain(self, logits: torch.Tensor, row_ids: list[int]) -> torch.Tensor:
         """Each row's draft-space logits masked to what its draft constraint allows (a row it leaves unconstrained,
-        or whose allowed tokens all lie outside the draft space or outside what the processors left, e.g. a top-k,
-        drafts as without the constraint)."""
+        or whose allowed tokens all lie outside the draft space or on logits that are already -inf, drafts as
+        without the constraint). Called before the draft-space processors (``__call__``)."""
         out = logits
         ids = self.vocab.ids if self.vocab is not None else torch.arange(logits.shape[-1], device=logits.device)
         for b, row in enumerate(row_ids):
