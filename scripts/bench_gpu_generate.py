@@ -1,0 +1,295 @@
+"""End-to-end generate on a GPU (issue #36): target-only (eager; transformers' static cache + compile),
+transformers' own assisted loop (static cache where transformers >= 5.24 accepts it) and our engine (eager), by
+batch size, on models built from the real configs with random weights (a forward's time does not depend on the
+values; the weights cannot reach a lent GPU machine).
+
+Acceptance is pinned by construction, so the two bounds are measured rather than hoped for:
+- "all accepted": the target's and the drafter's LM heads are zero, so every logit is 0 and greedy picks id 0 in
+  both (the drafter's kept ids are 0..k-1, so its draft id 0 is target id 0): every draft is accepted;
+- "none accepted": the drafter's head keeps its random weights, so its argmax is almost never id 0: every draft
+  is rejected (rounds of L drafter steps + 1 verify yield 1 token).
+The confidence stop is off (zero logits have confidence 1/k), L is fixed, and batched speculation is forced on
+(`batched_speculation="on"`: the speculative loop itself is timed, not the "auto" rule's fallback). Costs are the real shapes': pair Q
+(Qwen2.5-Coder-1.5B target, its 0.5B drafter trimmed to the default 95% kept size k=15,519) and a 7B-class target
+(Qwen2.5-7B-Instruct's published shape: hidden 3584, 28 layers, 28/4 heads, MLP 18944; vocabulary 151,936 so it
+shares the drafter's) with the same drafter.
+
+Projected rows: our round at pair Q's measured tau (`--project-tau`), with the round time measured in the
+all-accepted run (tokens/s = batch * tau / round seconds); "compiled (projected)" puts the compiled decode step
+measured by transformers' static cache + compile in place of each eager forward (L drafter steps + 1 verify,
+launch-bound: the verify of L+1 positions costs about one decode step on a GPU): our compiled engine is not built.
+
+Host syncs: torch.cuda.set_sync_debug_mode("warn") counts every synchronizing CUDA call of one generate call.
+
+Writes a markdown table (and JSON) as it goes; sections are skipped, with a line saying so, once --budget seconds
+are spent. On a CPU (no CUDA) it runs the same code for a smoke test (tiny --scale, no compile, no sync count):
+
+    .venv/bin/python scripts/bench_gpu_generate.py --device cpu --scale tiny --new-tokens 8 --repeats 1
+    python3 scripts/bench_gpu_generate.py --configs .gpu/configs --out $OUT     # on a lent GPU (scripts/gpu_generate.sh)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+import warnings
+
+import torch
+
+T0 = time.perf_counter()
+
+PAIR_Q_KEPT = 15_519  # trim_drafter's default kept size for pair Q (95% ShareGPT coverage)
+QWEN_7B = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+               num_key_value_heads=4)
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", default=".gpu/configs", help="folder with qwen2.5-coder-{1.5b,0.5b}-instruct/config.json")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--scale", choices=["real", "tiny"], default="real", help="tiny: shrunk shapes (CPU smoke test)")
+    ap.add_argument("--plan", nargs="+", default=["pair-q:eager:1,4,16", "pair-q:compiled:1", "7b:eager:1,16",
+                                                  "pair-q:assisted:1", "7b:compiled:1", "pair-q:compiled:16",
+                                                  "7b:compiled:16"],
+                    help="shape:phase:batch sizes, in priority order (phases: eager, assisted, compiled)")
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--none-new-tokens", type=int, default=24, help="new tokens in the none-accepted runs")
+    ap.add_argument("--draft-length", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--project-tau", type=float, nargs="+", default=[2.38, 3.72],
+                    help="pair Q's measured tau (ShareGPT 99%% L=5: 2.38; JSON prompts 95%% L=5: 3.72)")
+    ap.add_argument("--budget", type=float, default=360.0, help="seconds; later sections are skipped past it")
+    ap.add_argument("--static-on-cpu", action="store_true",
+                    help="run the static-cache sections on a CPU too (transformers compiles on CUDA only): smoke test")
+    ap.add_argument("--out", default=os.environ.get("OUT", "results"))
+    args = ap.parse_args()
+
+    from hf_vocabspec.configuration import set_draft_length
+    from hf_vocabspec.trimming import trim_drafter
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    os.makedirs(args.out, exist_ok=True)
+    md_path, json_path = os.path.join(args.out, "gpu_generate.md"), os.path.join(args.out, "gpu_generate.json")
+    cuda = args.device.startswith("cuda")
+    dtype = getattr(torch, args.dtype)
+    rows: list[dict] = []
+    name = torch.cuda.get_device_name() if cuda else "cpu"
+
+    def emit(line: str) -> None:
+        print(line, flush=True)
+        with open(md_path, "a") as f:
+            f.write(line + "\n")
+
+    open(md_path, "w").close()
+    emit(f"Machine: {name}, torch {torch.__version__}, transformers {transformers.__version__}, "
+         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; dtype {args.dtype}; prompt {args.prompt_tokens} "
+         f"tokens, {args.new_tokens} new ({args.none_new_tokens} when none accepted), L={args.draft_length}, greedy; "
+         f"median of {args.repeats} after a warm-up call")
+    emit("")
+    emit("| shape | batch | method | tokens/s | ms per token | vs target-only eager | vs target-only compiled "
+         "| rounds | tau | host syncs per round (per token) |")
+    emit("|---|---|---|---|---|---|---|---|---|---|")
+
+    def left() -> float:
+        return args.budget - (time.perf_counter() - T0)
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    def build(cfg_dir: str, overrides: dict, seed: int, zero_head: bool):
+        config = AutoConfig.from_pretrained(cfg_dir)
+        for k, v in {**overrides, **(TINY if args.scale == "tiny" else {})}.items():
+            setattr(config, k, v)
+        if getattr(config, "layer_types", None):
+            config.layer_types = config.layer_types[:1] * config.num_hidden_layers
+        config.tie_word_embeddings = False
+        torch.manual_seed(seed)
+        with torch.device(args.device):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model.eval().requires_grad_(False)
+        if zero_head:
+            model.lm_head.weight.zero_()
+        gc = model.generation_config
+        gc.pad_token_id = config.pad_token_id if config.pad_token_id is not None else 0
+        gc.do_sample, gc.temperature, gc.top_p, gc.top_k = False, None, None, None
+        return model
+
+    def timed(fn, repeats: int):
+        out = fn()  # warm-up (and compile, where there is one)
+        times = []
+        for _ in range(repeats):
+            sync()
+            t = time.perf_counter()
+            out = fn()
+            sync()
+            times.append(time.perf_counter() - t)
+        return statistics.median(times), out
+
+    def count_syncs(fn) -> int | None:
+        if not cuda:
+            return None
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        return sum("synchroniz" in str(w.message) for w in caught)
+
+    def record(shape, b, method, seconds, tokens, base=None, compiled_base=None, rounds=None, tau=None, syncs=None,
+               projected=False):
+        tps = tokens / seconds
+        row = dict(shape=shape, batch=b, method=method, tokens_per_s=tps, ms_per_token=1000 * seconds / tokens * b,
+                   rounds=rounds, tau=tau, syncs=syncs, projected=projected)
+        row["vs_eager"] = tps / base if base else None
+        row["vs_compiled"] = tps / compiled_base if compiled_base else None
+        rows.append(row)
+        with open(json_path, "w") as f:
+            json.dump(rows, f, indent=1)
+        fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
+        per_round = "-" if syncs is None else (f"{syncs / rounds:.1f}" if rounds else f"({syncs / (tokens / b):.2f})")
+        emit(f"| {shape} | {b} | {method} | {tps:.1f} | {row['ms_per_token']:.2f} | {fmt(row['vs_eager'], '.2f')}x | "
+             f"{fmt(row['vs_compiled'], '.2f')}x | {fmt(rounds, 'd')} | {fmt(tau, '.2f')} | {per_round} |")
+        return tps
+
+    def skip(what: str) -> None:
+        emit(f"| - | - | {what}: skipped ({time.perf_counter() - T0:.0f} s of the {args.budget:.0f} s budget spent) "
+             "| - | - | - | - | - | - | - |")
+
+    c15 = os.path.join(args.configs, "qwen2.5-coder-1.5b-instruct")
+    c05 = os.path.join(args.configs, "qwen2.5-coder-0.5b-instruct")
+    shapes = {"pair-q": (c15, {}), "7b": (c15, QWEN_7B)}
+    L = args.draft_length
+    kept = min(PAIR_Q_KEPT, 1000) if args.scale == "tiny" else PAIR_Q_KEPT
+    drafter_compiled_step: dict[int, float] = {}
+
+    models: dict[str, dict] = {}
+    eager: dict[tuple[str, int], float] = {}
+    compiled: dict[tuple[str, int], float] = {}
+
+    def pair(shape: str) -> dict:
+        if shape not in models:
+            cfg, overrides = shapes[shape]
+            m = dict(target=build(cfg, overrides, seed=0, zero_head=True))
+            base = m["base"] = models[next(iter(models))]["base"] if models else build(c05, {}, seed=1, zero_head=True)
+            if models:
+                m["accept_all"], m["reject_all"] = (models[next(iter(models))][k] for k in ("accept_all", "reject_all"))
+            else:
+                m["accept_all"] = trim_drafter(base, torch.arange(kept))
+                m["reject_all"] = trim_drafter(build(c05, {}, seed=2, zero_head=False), torch.arange(kept))
+                for d in (m["accept_all"], m["reject_all"]):
+                    d.to(args.device)
+                    set_draft_length(d.generation_config, L)
+                    d.generation_config.assistant_confidence_threshold = 0.0
+                    d.generation_config.batched_speculation = "on"  # the speculative loop itself at every batch size
+                gc = base.generation_config  # untrimmed, zero head: transformers' own loop, every draft accepted
+                gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = L, "constant"
+                gc.assistant_confidence_threshold = 0.0
+            models[shape] = m
+        return models[shape]
+
+    def prompt(shape: str, b: int) -> torch.Tensor:
+        vocab = min(pair(shape)["target"].config.vocab_size, 15_000)
+        return torch.randint(100, vocab, (b, args.prompt_tokens), generator=torch.Generator().manual_seed(b)).to(
+            args.device)
+
+    def run_eager(shape: str, b: int) -> None:
+        m, ids, n = pair(shape), prompt(shape, b), args.new_tokens
+        target = m["target"]
+
+        def target_only(new=n, **kw):
+            return target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, **kw)
+
+        s, ref = timed(target_only, args.repeats)
+        eager[shape, b] = record(shape, b, "target-only eager", s, b * n, syncs=count_syncs(target_only))
+        rows[-1]["vs_eager"] = 1.0
+        for label, drafter, new in (("ours eager, all accepted", m["accept_all"], n),
+                                    ("ours eager, none accepted", m["reject_all"], args.none_new_tokens)):
+            def ours(d=drafter, new=new):
+                return target_only(new, assistant_model=d)
+            s, out = timed(ours, args.repeats if new == n else 1)
+            st = drafter.last_speculation_stats
+            if new == n and not torch.equal(out, ref):
+                emit(f"| {shape} | {b} | {label}: OUTPUT DIFFERS from target-only | | | | | | | |")
+            record(shape, b, label, s, b * new, base=eager[shape, b], rounds=st.rounds, tau=st.mean_accepted_length,
+                   syncs=count_syncs(ours))
+            if drafter is m["accept_all"]:
+                for tau in args.project_tau:
+                    record(shape, b, f"ours eager at tau {tau:g} (projected)", s / max(st.rounds, 1), b * tau,
+                           base=eager[shape, b], projected=True)
+
+    def run_assisted(shape: str, b: int) -> None:
+        m, ids = pair(shape), prompt(shape, 1)
+        for label, kw in (("transformers assisted, dynamic cache", {}),
+                          ("transformers assisted, static cache", {"cache_implementation": "static"})):
+            if left() < 60:
+                skip(f"{shape} {label}")
+                continue
+            try:
+                def hf(kw=kw):
+                    return m["target"].generate(ids, attention_mask=torch.ones_like(ids),
+                                                max_new_tokens=args.new_tokens, assistant_model=m["base"], **kw)
+                t = time.perf_counter()
+                s, _ = timed(hf, args.repeats)
+                record(shape, 1, f"{label} (warm-up {time.perf_counter() - t - s * args.repeats:.0f} s)",
+                       s, args.new_tokens, base=eager.get((shape, 1)), syncs=count_syncs(hf))
+            except Exception as e:  # noqa: BLE001 - a method that fails is a row, not the end of the run
+                emit(f"| {shape} | 1 | {label}: failed: {type(e).__name__}: {str(e).splitlines()[0][:160]} "
+                     "| | | | | | | |")
+
+    def run_compiled(shape: str, b: int) -> None:
+        if not cuda and not args.static_on_cpu:
+            skip(f"{shape} batch {b} target-only static cache + compile (CUDA only)")
+            return
+        m, ids = pair(shape), prompt(shape, b)
+
+        def comp(model=m["target"]):
+            return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new_tokens,
+                                  cache_implementation="static")
+        t = time.perf_counter()
+        s, _ = timed(comp, args.repeats)
+        warm = time.perf_counter() - t - s * args.repeats
+        compiled[shape, b] = record(shape, b, f"target-only static cache + compile (warm-up {warm:.0f} s)", s,
+                                    b * args.new_tokens, base=eager.get((shape, b)), syncs=count_syncs(comp))
+        rows[-1]["vs_compiled"] = 1.0
+        if b not in drafter_compiled_step and left() > 80:
+            s_d, _ = timed(lambda: comp(model=m["base"]), args.repeats)
+            drafter_compiled_step[b] = s_d / args.new_tokens
+            record(shape, b, "drafter shape (0.5B, untrimmed head) static cache + compile", s_d,
+                   b * args.new_tokens, base=eager.get((shape, b)), compiled_base=compiled[shape, b])
+        if b in drafter_compiled_step:
+            round_s = L * drafter_compiled_step[b] + s / args.new_tokens
+            for tau in [float(L + 1)] + args.project_tau:
+                record(shape, b, f"ours compiled at tau {tau:g} (projected: {L} compiled drafter steps + 1 compiled "
+                       "verify)", round_s, b * tau, base=eager.get((shape, b)), compiled_base=compiled[shape, b],
+                       projected=True)
+
+    phases = {"eager": (run_eager, 20), "assisted": (run_assisted, 60), "compiled": (run_compiled, 100)}
+    for step in args.plan:
+        shape, phase, batches = step.split(":")
+        fn, need = phases[phase]
+        for b in map(int, batches.split(",")):
+            if left() < need:
+                skip(f"{shape} {phase} batch {b}")
+                continue
+            try:
+                fn(shape, b)
+            except Exception as e:  # noqa: BLE001 - a phase that fails is a row, not the end of the run
+                emit(f"| {shape} | {b} | {phase}: failed: {type(e).__name__}: {str(e).splitlines()[0][:160]} "
+                     "| | | | | | | |")
+
+    emit("")
+    emit(f"Total {time.perf_counter() - T0:.0f} s.")
+
+
+if __name__ == "__main__":
+    main()
