@@ -21,6 +21,22 @@ identical), the same order of difference as between transformers' own verify and
 use different kernels. Skipped (the original ``F.linear`` runs): other devices than CPU, dtypes other than
 float32/bfloat16, autograd, more than ``MAX_ROWS`` rows (prefill: GEMM kernels are efficient there), subclasses of
 ``nn.Linear`` (quantised layers) and modules whose ``forward`` someone already replaced (accelerate hooks).
+
+Two timed-kernel paths, one choice. The verify head (:mod:`hf_vocabspec.verify_head`) also times kernels against
+``F.linear``, for the target's LM head only. Both exist because each covers what the other cannot, and never both on
+one layer: a generate call enters them through ONE function, :func:`hf_vocabspec.verify_head.generate_kernels`
+(``generation.hooks`` calls nothing else), fast linears first; a head they wrap is left alone by the verify head.
+- Where the fast linears are on, the verify head does nothing (the head is already theirs).
+- Where they are off, the verify head still serves the head: ``drafter.use_fast_linears = False``; a torch without
+  oneDNN; packed copies that would not fit (the verify head's weight-major GEMM reads the original weight, no
+  copy); float16 on CPU (not packed). Measured there: on machine B (no AVX-512 BF16) it cut a 6-row Gemma-3-270M
+  verify from 265 to 156 ms (docs/results/verify-head-gemma-2026-11-23.md).
+- On CUDA (the fast linears are CPU-only) its trials keep ``F.linear``: on an H200 no weight-major kernel beat it
+  by the 10% margin for 2..8 rows of three LM-head shapes in fp32/bf16/fp16 (1.0-2.6x slower; only 16-row fp32
+  switches; docs/results/verify-head-cuda-h200-2026-11-27.md), so there it costs its trials and nothing else.
+Folding the verify head into the fast linears (its kernel as one more candidate) would need per-module candidate
+sets (no packing where copies do not fit) and a CUDA path for every linear layer: not done while the evidence
+above shows no layer where both would apply.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ a candidate replaces ``F.linear`` only if its median beats it by a margin. One r
 than ``MAX_ROWS`` rows (prefill), other devices than CPU/CUDA, autograd, and non-``nn.Linear`` heads
 (quantised layers, accelerate-offloaded heads) keep the original head.
 
-Scope: the generation seam (:mod:`hf_vocabspec.generation.hooks`) enters :func:`verify_head` so the head is
+Scope: the generation seam (:mod:`hf_vocabspec.generation.hooks`) enters :func:`generate_kernels` (the one kernel
+choice: fast linears first, then this; why both exist is in :mod:`hf_vocabspec.kernels`), so the head is
 replaced only while a generate call drafts with a :class:`~hf_vocabspec.modeling.TrimmedDrafter` (or an hf_vocabspec session
 object such as SSD's) whose ``use_verify_head`` is on, and restored in ``finally``. Only the head module's
 ``forward`` is swapped: architecture transforms the causal-LM class applies AFTER the head (Gemma's
@@ -33,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kernels import KernelChoice, KernelKey
+from .kernels import FastLinears, KernelChoice, KernelKey, fast_linears, wants_fast_linears
 from .modeling import TrimmedDrafter, cache_kwarg
 
 # Row counts above this are prefill-like: GEMM kernels are efficient there, keep the original head.
@@ -170,6 +171,19 @@ def verify_head(model: nn.Module, enabled: bool = True) -> Iterator[bool]:
         yield True
     finally:
         del head.forward
+
+
+@contextmanager
+def generate_kernels(target: nn.Module, assistant) -> Iterator[FastLinears]:
+    """The one kernel choice of a generate call with one of our assistants (``generation.hooks`` enters only this):
+    the fast linears (:func:`hf_vocabspec.kernels.fast_linears`) on the target's and drafter's linear layers unless
+    ``use_fast_linears`` is off, then the verify head on the target's LM head unless ``use_verify_head`` is off. The
+    fast linears are entered first: a head they wrap is left alone by the verify head (it sees a replaced forward), so
+    the verify head serves only where they do not (see :mod:`hf_vocabspec.kernels` for why both exist). Yields the
+    fast linears' report (``stats.kernels``)."""
+    with fast_linears(target, assistant, enabled=wants_fast_linears(assistant)) as fast, \
+            verify_head(target, enabled=wants_verify_head(assistant)):
+        yield fast
 
 
 def wants_verify_head(assistant) -> bool:

@@ -1,5 +1,5 @@
-"""Drive every bad input of issue 29 (and the older ones tests/test_errors.py covers) through the real CLI and API,
-and print one table: case | expected | outcome (good / silent / crash / late / unclear).
+"""Drive every bad input of issue 29 (and the older ones the bad-input tests of tests/test_cli.py, test_drafter.py,
+test_generation.py, ... cover) through the real CLI and API, and print one table: case | expected | outcome (good / silent / crash / late / unclear).
 
 good: refused in one line that says what was expected (or, for a combination that must work, it worked);
 silent: accepted (or a saved value lost) without a word; crash: a traceback or a library's own exception type;
@@ -290,7 +290,7 @@ def build_cases(tmp: Path) -> list[Case]:
              generate(target, drafter, ids, prompt_lookup_num_tokens=3)),
         Case("api check_generate_kwargs: assistant + prompt lookup", "pass one of them",
              lambda: check_generate_kwargs(type("G", (), {"prompt_lookup_num_tokens": 3})(), assistant_model=drafter)),
-        # older cases (tests/test_errors.py)
+        # older cases (bad-input tests in tests/test_cli.py, test_drafter.py, test_generation.py, ...)
         Case("cli trim --min-coverage 1.5", "must be in (0, 1]", cli("trim", "--min-coverage", "1.5")),
         Case("cli trim --k 100000", "beyond the vocabulary", cli("trim", "--k", "100000", "--output", str(tmp / "o"))),
         Case("cli trim --k 10 --min-coverage 0.9", "contradict",

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
-from tiny import VOCAB, make_pair
+from tiny import VOCAB, llama_config, make_pair
+from transformers import LlamaForCausalLM
 
 import hf_vocabspec
+from hf_vocabspec import tokenizer_sha256, trim_drafter
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # `make test` runs the suite on every core (pytest-xdist, one worker a core): one torch thread a worker, or two
@@ -45,3 +49,73 @@ def cli_model(tmp_path_factory):
     chats = root / "chats.jsonl"
     chats.write_text("\n".join(json.dumps(c) for c in tiny_chats()) + "\n", encoding="utf-8")
     return root / "model", chats
+
+
+# --- tokenizers, a counts file, a saved drafter and a folder this process cannot write (bad-input tests) ------------
+@pytest.fixture(scope="session")
+def tok():
+    """SmolLM2's tokenizer (ChatML), from the offline cache."""
+    from hf_vocabspec.evaluation.offline import load_tokenizer
+
+    return load_tokenizer("offline:smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="module")
+def same_size_other_tok(tok):
+    """A different tokenizer with exactly as many tokens (two tokens swapped): sizes alone cannot tell."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    js = json.loads(tok.backend_tokenizer.to_str())
+    vocab = js["model"]["vocab"]
+    vocab["hello"], vocab["world"] = vocab["world"], vocab["hello"]
+    other = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(js)), eos_token=tok.eos_token,
+                                    bos_token=tok.bos_token)
+    assert len(other) == len(tok) and tokenizer_sha256(other) != tokenizer_sha256(tok)
+    return other
+
+
+@pytest.fixture
+def counts_file(tmp_path, tok):
+    ds = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": f"hello world {i}"}]}
+          for i in range(20)]
+    counts = hf_vocabspec.count_assistant_tokens(ds, tok, progress=False)
+    assert counts.tokenizer_sha256 == tokenizer_sha256(tok)
+    path = tmp_path / "counts.safetensors"
+    counts.save(path)
+    return path
+
+
+@pytest.fixture
+def saved(tmp_path):
+    torch.manual_seed(0)
+    drafter = trim_drafter(LlamaForCausalLM(llama_config()), torch.arange(3, 30))
+    drafter.save_pretrained(tmp_path / "d")
+    return drafter, tmp_path / "d"
+
+
+@pytest.fixture
+def unwritable(tmp_path):
+    """A folder this process cannot create files in: a read-only one, or /sys where that is unwritable (root)."""
+    import tempfile
+
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder)
+    except OSError:
+        yield folder
+        folder.chmod(0o755)
+        return
+    os.close(fd)
+    os.unlink(probe)
+    folder.chmod(0o755)
+    try:
+        fd, probe = tempfile.mkstemp(dir="/sys")
+    except OSError:
+        yield Path("/sys")
+        return
+    os.close(fd)
+    os.unlink(probe)
+    pytest.skip("no folder this process cannot write")

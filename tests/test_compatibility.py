@@ -1,7 +1,7 @@
 """hf_vocabspec.compatibility: the one check that a drafter fits a target and tokenizer, and its one error.
 
-Callers (generate, SSD sessions, load_drafter, the CLI, lm-eval) are tested where they live (test_errors.py,
-test_ssd.py, test_hub.py, test_lmeval.py); here the rule itself, and the first-line helper's one home."""
+Callers (generate, SSD sessions, load_drafter, the CLI, lm-eval) are tested where they live (test_generation.py,
+test_cli.py, test_ssd.py, test_hub.py, test_lmeval.py); here the rule itself, and the first-line helper's one home."""
 
 from __future__ import annotations
 

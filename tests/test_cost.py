@@ -227,3 +227,22 @@ def test_ssd_round_is_modelled_by_the_round_model():
     assert none.ssd_round_seconds == pytest.approx(0.05)  # a miss drafts nothing
     with pytest.raises(ValueError, match="compute must be one of"):
         model.ssd_round_seconds(5, hit_rate=1.0, tree_seconds=0.0, compute="gpu")
+
+
+# --- a noisy latency curve ------------------------------------------------------------------------------------------
+def test_implausible_latency_curve_is_remeasured_then_replaced_by_flops():
+    from hf_vocabspec.cli.pipeline import measured_or_flops
+
+    good = LatencyCurve([1024, 49152], [0.020, 0.026], 0.018)
+    noisy = LatencyCurve([1024, 49152], [0.030, 0.026], 0.018)  # k=1,024 slower than the full head
+    below_floor = LatencyCurve([1024, 49152], [0.020, 0.015], 0.018)  # full head cheaper than the body alone
+    assert good.implausibility() is None
+    assert "slower than k=49152" in noisy.implausibility()
+    assert "faster than the body alone" in below_floor.implausibility()
+    model = LlamaForCausalLM(llama_config())
+    seq = iter([noisy, good])
+    cost, curve, note = measured_or_flops(model, [1024], measure=lambda m, ks: next(seq))
+    assert curve is good and cost is good and "second measurement" in note
+    seq = iter([noisy, below_floor])
+    cost, curve, note = measured_or_flops(model, [1024], measure=lambda m, ks: next(seq))
+    assert curve is None and cost is model.config and note.startswith("FLOPs model")

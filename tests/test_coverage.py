@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from datasets import Dataset
 from safetensors.torch import save_file
+from tiny import llama_config
+from transformers import LlamaForCausalLM
 
-from hf_vocabspec.coverage import (
-    TokenCounts,
-    assistant_texts,
-    assistant_turn_format,
-    count_assistant_tokens,
-)
-from hf_vocabspec.evaluation.offline import load_chat_dataset, load_tokenizer
-
-
-@pytest.fixture(scope="session")
-def tok():
-    return load_tokenizer("offline:smollm2-135m-instruct")
+import hf_vocabspec
+from hf_vocabspec.coverage import TokenCounts, assistant_texts, assistant_turn_format, count_assistant_tokens
+from hf_vocabspec.evaluation.offline import load_chat_dataset, load_model, load_tokenizer
 
 
 @pytest.fixture(scope="session")
@@ -222,3 +217,81 @@ def test_counts_files_from_before_the_shared_checksum_still_load(tmp_path):
     loaded.save(tmp_path / "new.safetensors")  # written again: byte-for-byte the same checksum
     assert TokenCounts.load(tmp_path / "new.safetensors").counts.tolist() == counts.tolist()
     assert tensors_checksum({"counts": counts}, meta, skip="counts_sha256") != h.hexdigest()  # power: layouts differ
+
+
+# --- bad input: counts files and assistant turns --------------------------------------------------------------------
+def test_counts_file_and_model_file_swapped(tmp_path, counts_file):
+    with pytest.raises(ValueError, match="counts file \\(counts go to .*--counts`\\), not a model"):
+        load_model(str(counts_file))
+    model = LlamaForCausalLM(llama_config())
+    model.save_pretrained(tmp_path / "m")
+    with pytest.raises(ValueError, match="looks like model weights") as err:
+        TokenCounts.load(tmp_path / "m" / "model.safetensors")
+    assert len(str(err.value)) < 400  # not hundreds of tensor names
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        (tmp_path / "m" / "config.json").unlink()
+        load_model(str(tmp_path / "m"))
+
+
+def test_counts_refuse_another_tokenizer_of_the_same_size(counts_file, tok, same_size_other_tok):
+    counts = TokenCounts.load(counts_file)
+    counts.check_tokenizer(tok)
+    with pytest.raises(ValueError, match="fingerprints differ"):
+        counts.check_tokenizer(same_size_other_tok)
+    with pytest.raises(ValueError, match="different tokenizers"):
+        counts + TokenCounts(counts.counts, 1, 1, counts.tokenizer_name, "0" * 64)
+
+
+class safe_open_meta:  # noqa: N801 - a tiny context manager: (tensors, metadata) of a safetensors file
+    def __init__(self, path):
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            self.value = ({k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {}))
+
+    def __enter__(self):
+        return self.value
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_counts_without_fingerprint_or_cut_short_are_refused(tmp_path, counts_file, tok):
+    with safe_open_meta(counts_file) as (tensors, meta):
+        pass
+    no_print = dict(meta, tokenizer_sha256="")
+    save_file(tensors, str(tmp_path / "old.safetensors"), metadata=no_print)
+    with pytest.raises(ValueError, match="has no tokenizer fingerprint .*recount with `hf-vocabspec count"):
+        TokenCounts.load(tmp_path / "old.safetensors")
+    save_file({"counts": tensors["counts"][:1000].clone()}, str(tmp_path / "short.safetensors"), metadata=meta)
+    with pytest.raises(ValueError, match="does not match its checksum .*recount with `hf-vocabspec count"):
+        TokenCounts.load(tmp_path / "short.safetensors")
+    edited = dict(meta, num_examples="999")
+    save_file(tensors, str(tmp_path / "edited.safetensors"), metadata=edited)
+    with pytest.raises(ValueError, match="does not match its checksum"):
+        TokenCounts.load(tmp_path / "edited.safetensors")
+    counts = TokenCounts.load(counts_file)
+    short = TokenCounts(counts.counts[:1000], 1, 1, counts.tokenizer_name, counts.tokenizer_sha256)
+    with pytest.raises(ValueError, match="the vector is cut short"):
+        short.check_tokenizer(tok)
+    with pytest.raises(ValueError, match="carry no tokenizer fingerprint"):
+        TokenCounts(counts.counts, 1, 1, "x").check_tokenizer(tok)
+
+
+def test_assistant_turns_without_content_are_not_turns(tok):
+    rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": content}]}
+            for content in (None, "", "  \n")]
+    rows.append({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]})
+    counts = hf_vocabspec.count_assistant_tokens(rows, tok, progress=False)
+    assert counts.num_assistant_turns == 1
+    assert counts.num_tokens == len(tok("hello there", add_special_tokens=False)["input_ids"]) + 1  # + end marker
+    with pytest.raises(ValueError, match="No assistant turns"):
+        hf_vocabspec.count_assistant_tokens(rows[:3], tok, progress=False)
+
+
+def test_empty_assistant_turns_are_named_as_empty(tok):
+    rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": content}]}
+            for content in (None, "", "  \n")]
+    with pytest.raises(ValueError, match="all 3 assistant turn\\(s\\) have empty content") as err:
+        hf_vocabspec.count_assistant_tokens(rows, tok, progress=False)
+    assert "roles" not in str(err.value)

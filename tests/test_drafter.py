@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from tiny import EOS, VOCAB, make_pair
-from transformers import AutoModelForCausalLM
+from tiny import EOS, VOCAB, llama_config, make_pair
+from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 import hf_vocabspec
-from hf_vocabspec import TrimmedDrafter, VocabularyMapError, trim_drafter
+from hf_vocabspec import TokenCounts, TrimmedDrafter, VocabularyMapError, trim_drafter
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +139,7 @@ def test_public_names_resolve():
     assert "draft_vocab_size" in hf_vocabspec.TrimmedDrafterConfig().to_dict()
 
 
-# --- one home per concept (issue #29): the typed config, runtime switches as views, the old checkpoint layout ------
+# --- one home per concept: the typed config, runtime switches as views, the old checkpoint layout ------------------
 def test_every_config_field_is_declared_with_a_type_and_a_docstring():
     import ast
     import inspect
@@ -215,3 +216,183 @@ def test_checkpoint_of_the_old_layout_loads(tmp_path, drafter):
     loaded.save_pretrained(tmp_path / "e")
     assert json.loads((tmp_path / "e" / "config.json").read_text())["auto_map"] == {
         "AutoConfig": "configuration.TrimmedDrafterConfig", "AutoModelForCausalLM": "modeling.TrimmedDrafter"}
+
+
+# --- bad input: tokenizers, checkpoints, dtypes; saves that keep what they did not write ----------------------------
+def test_trim_drafter_refuses_a_tokenizer_of_another_model(tok, same_size_other_tok):
+    small = LlamaForCausalLM(llama_config())
+    with pytest.raises(ValueError, match="has 49152 tokens but the drafter's embedding has only 64 rows"):
+        trim_drafter(small, torch.arange(3, 30), tokenizer=tok)
+    big = LlamaForCausalLM(llama_config(vocab_size=len(tok) + 4096))
+    with pytest.raises(ValueError, match="more than padding"):
+        trim_drafter(big, torch.arange(3, 30), tokenizer=tok)
+    wrong_eos = LlamaForCausalLM(llama_config(vocab_size=len(tok), eos_token_id=7, bos_token_id=tok.bos_token_id))
+    with pytest.raises(ValueError, match="EOS id"):
+        trim_drafter(wrong_eos, torch.arange(3, 30), tokenizer=tok)
+    ok = LlamaForCausalLM(llama_config(vocab_size=len(tok), eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
+                                       pad_token_id=tok.pad_token_id))
+    trim_drafter(ok, torch.arange(3, 30), tokenizer=tok)
+
+
+def test_checkpoint_errors(saved, tmp_path):
+    _, path = saved
+    weights = path / "model.safetensors"
+    state = load_file(str(weights))
+    state["d2t"][4] = -5
+    save_file(state, str(weights), metadata={"format": "pt"})
+    with pytest.raises(VocabularyMapError, match="negative target id -5 at draft position 4"):
+        TrimmedDrafter.from_pretrained(path)
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(OSError, match="truncated or corrupt"):
+        TrimmedDrafter.from_pretrained(path)
+    (path / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        TrimmedDrafter.from_pretrained(path)
+
+
+def test_checkpoint_check_accepts_architectures_with_other_field_names(tmp_path):
+    """GPT-2 spells hidden_size/num_hidden_layers n_embd/n_layer: the config-vs-weights check must not refuse it."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    base = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=64, bos_token_id=1,
+                                      eos_token_id=2)).eval()
+    drafter = trim_drafter(base, torch.arange(3, 30))
+    drafter.save_pretrained(tmp_path / "gpt2")
+    loaded = TrimmedDrafter.from_pretrained(tmp_path / "gpt2", dtype=torch.float16)
+    assert torch.equal(loaded.d2t, drafter.d2t) and {p.dtype for p in loaded.parameters()} == {torch.float16}
+
+
+def test_save_pretrained_is_atomic_and_keeps_other_files(saved, monkeypatch):
+    drafter, path = saved
+    (path / "tokenizer.json").write_text("{}")
+    before = {p.name: p.read_bytes() for p in path.iterdir() if p.is_file()}
+
+    def broken(self, directory, *args, **kwargs):
+        (Path(directory) / "config.json").write_text("{}")  # half written, then interrupted
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(TrimmedDrafter.__mro__[1], "save_pretrained", broken)
+    with pytest.raises(KeyboardInterrupt):
+        drafter.save_pretrained(path)
+    assert {p.name: p.read_bytes() for p in path.iterdir() if p.is_file()} == before  # the old one, whole
+    assert [p.name for p in path.parent.iterdir() if p.name.startswith(".")] == []  # no temp left
+    with pytest.raises(KeyboardInterrupt):
+        drafter.save_pretrained(path.parent / "new")
+    assert not (path.parent / "new").exists()  # nothing, never a config without weights
+    monkeypatch.undo()
+    drafter.save_pretrained(path)
+    assert (path / "tokenizer.json").read_text() == "{}"
+    assert torch.equal(TrimmedDrafter.from_pretrained(path).d2t, drafter.d2t)
+
+
+def test_an_earlier_output_of_ours_is_accepted_and_anything_added_refused(saved, tok, tmp_path):
+    from hf_vocabspec.cli._common import UsageError, prepare_output
+
+    _, path = saved
+    tok.save_pretrained(path)
+    (path / "custom_generate").mkdir()
+    (path / "custom_generate" / "generate.py").write_text("")
+    assert prepare_output(str(path), "drafter") == path
+    (tmp_path / "empty").mkdir()
+    assert prepare_output(str(tmp_path / "empty"), "drafter") == tmp_path / "empty"
+    (path / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match="it holds notes.txt"):
+        prepare_output(str(path), "drafter")
+    assert prepare_output(str(path), "drafter", overwrite=True) == path
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    for name in ("results.json", "results.md", "throughput_vs_vocab.png"):
+        (bench / name).write_text("{}")
+    assert prepare_output(str(bench), "bench") == bench
+    with pytest.raises(UsageError, match="not an earlier hf-vocabspec tune output"):
+        prepare_output(str(bench), "tune")
+
+
+def test_save_pretrained_keeps_every_file_it_did_not_write(saved):
+    drafter, path = saved
+    mine = {"notes.txt": b"n", "helper.py": b"x = 1", "embeddings.safetensors": b"not ours", "src/main.py": b"m"}
+    for name, data in mine.items():
+        (path / name).parent.mkdir(exist_ok=True)
+        (path / name).write_bytes(data)
+    (path / "model-00001-of-00002.safetensors").write_bytes(b"stale shard of an earlier save")
+    (path / "model.safetensors.index.json").write_text("{}")
+    drafter.save_pretrained(path)
+    for name, data in mine.items():
+        assert (path / name).read_bytes() == data, name
+    assert not (path / "model-00001-of-00002.safetensors").exists()  # only our own stale weights go
+    assert not (path / "model.safetensors.index.json").exists()
+    assert torch.equal(TrimmedDrafter.from_pretrained(path).d2t, drafter.d2t)
+
+
+def test_a_folder_for_a_file_and_a_file_for_a_folder(tmp_path, saved):
+    with pytest.raises(ValueError, match="is a folder, not a counts file"):
+        TokenCounts.load(tmp_path)
+    _, path = saved
+    with pytest.raises(FileNotFoundError, match="is a file: pass the folder"):
+        TrimmedDrafter.from_pretrained(path / "model.safetensors")
+    LlamaForCausalLM(llama_config()).save_pretrained(tmp_path / "plain")
+    with pytest.raises(OSError, match="is not a trimmed drafter .*model_type 'llama'"):
+        TrimmedDrafter.from_pretrained(tmp_path / "plain")
+
+
+@pytest.fixture
+def bf16_saved(tmp_path):
+    """A drafter trimmed from a bf16 base whose config says bfloat16 (as a real bf16 checkpoint's does)."""
+    from tiny import make_pair
+
+    target, base = make_pair()
+    base = base.to(torch.bfloat16)
+    base.config.dtype = base.model.config.dtype = torch.bfloat16
+    trim_drafter(base, torch.arange(3, 40)).save_pretrained(tmp_path / "bf16")
+    return target, tmp_path / "bf16"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_from_pretrained_dtype_converts_the_whole_drafter(bf16_saved, dtype):
+    target, path = bf16_saved
+    drafter = TrimmedDrafter.from_pretrained(path, dtype=dtype)
+    assert {p.dtype for p in drafter.parameters()} == {dtype}  # body AND head
+    ids = torch.tensor([[1, 5, 6, 7]])
+    out = target.generate(ids, assistant_model=drafter, max_new_tokens=8, do_sample=False)
+    assert torch.equal(out, target.generate(ids, max_new_tokens=8, do_sample=False))
+
+
+def test_batched_speculation_survives_save_and_load_and_one_home(tmp_path):
+    from hf_vocabspec import configuration
+    from hf_vocabspec.generation import engine
+
+    assert engine.SPECULATION_MODES is configuration.SPECULATION_MODES  # one home of the valid values
+    torch.manual_seed(0)
+    drafter = trim_drafter(LlamaForCausalLM(llama_config()), torch.arange(3, 30))
+    for value in ("off", "on", "auto"):
+        drafter.generation_config.batched_speculation = value
+        drafter.save_pretrained(tmp_path / value)
+        assert TrimmedDrafter.from_pretrained(tmp_path / value).generation_config.batched_speculation == value
+    # saved before the fix: transformers drops unknown fields of a file marked _from_model_config
+    gen = tmp_path / "off" / "generation_config.json"
+    gen.write_text(json.dumps(json.loads(gen.read_text()) | {"_from_model_config": True}))
+    assert TrimmedDrafter.from_pretrained(tmp_path / "off").generation_config.batched_speculation == "off"
+
+
+def test_invalid_batched_speculation_is_refused_at_load_save_and_batch_1(tmp_path):
+    from hf_vocabspec.configuration import check_batched_speculation
+    from tiny import make_pair
+
+    assert check_batched_speculation("on") == "on"
+    with pytest.raises(ValueError, match=r"batched_speculation must be one of \('auto', 'on', 'off'\) \(got 'maybe'\)"):
+        check_batched_speculation("maybe")
+    target, base = make_pair()
+    drafter = trim_drafter(base, torch.arange(3, 40))
+    drafter.save_pretrained(tmp_path / "d")
+    gen = tmp_path / "d" / "generation_config.json"
+    gen.write_text(json.dumps(json.loads(gen.read_text()) | {"batched_speculation": "maybe"}))
+    with pytest.raises(ValueError, match="got 'maybe'.*edit generation_config.json") as err:
+        TrimmedDrafter.from_pretrained(tmp_path / "d")
+    assert "\n" not in str(err.value)
+    drafter.generation_config.batched_speculation = "maybe"
+    with pytest.raises(ValueError, match="got 'maybe'"):
+        drafter.save_pretrained(tmp_path / "e")
+    assert not (tmp_path / "e").exists()
+    with pytest.raises(ValueError, match="got 'maybe'"):  # batch 1: never read there, refused all the same
+        target.generate(torch.tensor([[1, 5, 6]]), assistant_model=drafter, max_new_tokens=3, do_sample=False)

@@ -1,4 +1,4 @@
-"""Readers of our files never let a library's traceback through, and never return a wrong result (issue #21).
+"""Readers of our files never let a library's traceback through, and never return a wrong result.
 
 Each reader gets truncated, bit-flipped, metadata-edited and wrong-type files (hypothesis). Every case must
 end in our one-line error (raised from hf_vocabspec code) or load exactly what was saved.

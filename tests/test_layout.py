@@ -8,6 +8,8 @@ concept: the compatibility check (drafter vs target and tokenizer) lives in comp
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -344,7 +346,7 @@ def test_new_modules_declare_all():
         assert all(hasattr(module, n) for n in module.__all__), name
 
 
-# --- one home per concept (issue #29): the round model and tau live in cost.py; plotting lives in the tooling ----
+# --- one home per concept: the round model and tau live in cost.py; plotting lives in the tooling ------------------
 ROUND_MODEL_HOME = "hf_vocabspec.cost"
 # what models a round (its time, its yield tau, the speedup they make): defined in cost.py and nowhere else
 ROUND_MODEL_NAMES = frozenset({
@@ -431,3 +433,17 @@ def test_test_modules_do_not_import_each_other():
     found = {p.name: names for p in sorted(tests.glob("*.py")) if (names := test_modules_import(p.read_text()))}
     assert found == {}, f"move what they share to tests/tiny.py, tests/marginals.py or tests/conftest.py: {found}"
     assert test_modules_import("def f():\n    from test_ssd import pair\n") == ["test_ssd"]  # power
+
+
+# --- lazy imports ---------------------------------------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_import_hands_out_the_pipeline_lazily():
+    code = ("import sys, hf_vocabspec as h; heavy = [m for m in ('optuna', 'matplotlib') if m in sys.modules]; "
+            "assert not heavy, heavy; "
+            "[getattr(h, n) for n in h.__all__]; h.selection.select_vocabulary; h.cost.measure_draft_latency; "
+            "assert h.coverage.TokenCounts is h.TokenCounts; print('ok')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]

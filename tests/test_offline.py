@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import hf_vocabspec
 from hf_vocabspec.evaluation import offline
 from hf_vocabspec.evaluation.offline import (
     OFFLINE_PREFIX,
@@ -246,3 +247,51 @@ def test_gemma_tokenizer_template_and_generation_config():
     text = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
     assert text == ("<bos><start_of_turn>user\nBe brief.\n\nhi<end_of_turn>\n"
                     "<start_of_turn>model\nhello<end_of_turn>\n<start_of_turn>model\n")
+
+
+# --- bad input: dataset files, model names and the model cache ------------------------------------------------------
+def test_data_errors(tmp_path, tok):
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(ValueError, match="is empty"):
+        load_chat_dataset(str(tmp_path / "empty.jsonl"))
+    (tmp_path / "empty.json").write_text("[]")
+    with pytest.raises(ValueError, match="holds no rows|is empty"):
+        load_chat_dataset(str(tmp_path / "empty.json"))
+    with pytest.raises(FileNotFoundError, match="No such dataset file or directory: './data/shargpt.jsonl'"):
+        load_chat_dataset("./data/shargpt.jsonl")
+    with pytest.raises(FileNotFoundError, match="No such model"):
+        load_model("models/smollm2/checkpoint-1")
+    as_string = {"messages": json.dumps([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}])}
+    with pytest.raises(ValueError, match="'messages' holds a string"):
+        hf_vocabspec.count_assistant_tokens([as_string], tok, progress=False)
+
+
+def test_model_cache_errors_are_one_line_naming_the_fix(monkeypatch, tmp_path, unwritable):
+    import errno
+
+    from hf_vocabspec.evaluation import offline
+
+    monkeypatch.setenv("HF_VOCABSPEC_CACHE", str(unwritable / "cache"))
+    with pytest.raises(OSError, match="model cache .* cannot be created .*set HF_VOCABSPEC_CACHE to a folder you can "
+                                      "write"):
+        offline.resolve_model_path(SMOL)
+    monkeypatch.setenv("HF_VOCABSPEC_CACHE", str(tmp_path / "cache"))
+
+    def full(final, build):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(offline, "build_once", full)
+    with pytest.raises(OSError, match="model cache .* is full .*free space there"):
+        offline.resolve_model_path(SMOL)
+    with pytest.raises(OSError, match="is full"):
+        offline.load_chat_dataset("offline:sharegpt")
+    monkeypatch.undo()
+    monkeypatch.setenv("HF_VOCABSPEC_CACHE", str(tmp_path / "cache"))
+    entry = tmp_path / "cache" / "v2" / "models" / SMOL.removeprefix("offline:")
+    entry.mkdir(parents=True)
+    (entry / "config.json").write_text("{broken")
+    for load in (offline.load_model, offline.load_tokenizer):
+        with pytest.raises(OSError, match="cached copy of offline:smollm2-135m-instruct .* is corrupt or incomplete "
+                                          ".*delete that folder") as err:
+            load(SMOL)
+        assert "\n" not in str(err.value)

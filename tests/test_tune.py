@@ -1,5 +1,5 @@
-"""Joint tuning (issue #15): the throughput model/objective (selection.py), its Optuna search with resumable
-storage, the measuring driver (evaluation/tune.py) on tiny models, and the saved choice."""
+"""Joint tuning (evaluation/tune.py): the throughput model/objective (selection.py), its Optuna search with resumable
+storage, the measuring driver on tiny models, and the saved choice."""
 
 from __future__ import annotations
 

@@ -197,6 +197,29 @@ def test_greedy_identical_with_verify_head_on(kind, forced):
     assert accepted > 0
 
 
+def test_one_kernel_choice_fast_linears_first_then_the_verify_head(pair, monkeypatch):
+    """generation.hooks enters only generate_kernels: where the fast linears are on they hold the head and the
+    verify head stands aside; where they are off (here: no oneDNN, or switched off) the verify head serves it."""
+    target, drafter = pair
+    source = inspect.getsource(hooks)
+    assert "generate_kernels(" in source and "fast_linears(" not in source and ".verify_head(" not in source
+    head = target.get_output_embeddings()
+    with vh.generate_kernels(target, drafter) as fast:  # no oneDNN (the autouse fixture): the verify head
+        assert fast.layers == 0 and head.forward.__func__ is vh._verify_forward
+    assert "forward" not in head.__dict__
+    if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        monkeypatch.setattr(kernels, "available", lambda: True)
+        with vh.generate_kernels(target, drafter) as fast:
+            assert fast.layers > 0 and head.forward.__func__ is kernels._forward
+        drafter.use_fast_linears = False
+        try:
+            with vh.generate_kernels(target, drafter) as fast:
+                assert fast.layers == 0 and head.forward.__func__ is vh._verify_forward
+        finally:
+            del drafter.use_fast_linears
+    assert "forward" not in head.__dict__
+
+
 def test_switch_off_and_plain_assistants_use_the_original_head(pair, forced):
     target, drafter = pair
     drafter.use_verify_head = False

@@ -36,7 +36,6 @@ from transformers import GenerationMixin
 from transformers.cache_utils import DynamicCache
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .. import kernels as _kernels
 from .. import verify_head as _verify_head
 from .._versions import check, supported_range
 from ..compatibility import check_compatibility, target_rows
@@ -438,9 +437,7 @@ def install() -> None:
                                  "session's trimmed drafter (session.drafter) as assistant_model for constrained "
                                  "generation.")
             return assisted(self, *args, **kwargs)  # SSD: its candidate generator inside transformers' loop
-        # Fast linears first: the head they swap is then left alone by the verify head (it sees a wrapped forward).
-        with _kernels.fast_linears(self, assistant, enabled=_kernels.wants_fast_linears(assistant)) as fast, \
-                _verify_head.verify_head(self, enabled=_verify_head.wants_verify_head(assistant)):
+        with _verify_head.generate_kernels(self, assistant) as fast:  # the one kernel choice (hf_vocabspec.kernels)
             if _TRANSFORMERS_LOOP.get() and input_ids.shape[0] == 1 and not stateful:
                 return assisted(self, *args, **kwargs)
             kernels = str(fast)
