@@ -93,6 +93,57 @@ def run(args) -> list[dict]:
     return rows
 
 
+def draft_steps(args, chats) -> list[dict]:
+    """The draft step alone, trimmed vs untrimmed, in vLLM and in transformers in this same process: each drafter
+    decodes ``--max-tokens`` tokens greedily by itself at batch 1 (vLLM: our model class served as the main model;
+    transformers: ``TrimmedDrafter`` / the plain model, ``F.linear``), ms per token, median of ``--repeats``."""
+    import statistics
+
+    import torch
+    from transformers import AutoModelForCausalLM
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    from hf_vocabspec import TrimmedDrafter
+
+    n, rows = args.max_tokens, []
+    prompt = chats[0]
+    for name, path in (("untrimmed drafter", args.untrimmed), ("trimmed drafter", args.drafter)):
+        llm = LLM(model=str(path), dtype=args.dtype, enforce_eager=True, max_model_len=1024, seed=0,
+                  distributed_executor_backend="uni", kv_cache_memory_bytes=512 << 20)
+        sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+        llm.generate([TokensPrompt(prompt_token_ids=prompt)], SamplingParams(temperature=0.0, max_tokens=4),
+                     use_tqdm=False)
+        times = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            llm.generate([TokensPrompt(prompt_token_ids=prompt)], sp, use_tqdm=False)
+            times.append(time.perf_counter() - t0)
+        vllm_ms = 1000 * statistics.median(times) / n
+        del llm
+        gc.collect()
+        cls = TrimmedDrafter if name.startswith("trimmed") else AutoModelForCausalLM
+        model = cls.from_pretrained(path, dtype=getattr(torch, args.dtype)).eval()
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            model.generate(ids, max_new_tokens=4, do_sample=False)
+            times = []
+            for _ in range(args.repeats):
+                t0 = time.perf_counter()
+                model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+                times.append(time.perf_counter() - t0)
+        hf_ms = 1000 * statistics.median(times) / n
+        del model
+        gc.collect()
+        row = {"draft_step": name, "vllm_ms_per_token": round(vllm_ms, 2), "transformers_ms_per_token": round(hf_ms, 2)}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    u, t = rows
+    ratio = {"draft_step": "trimmed / untrimmed", "vllm": round(t["vllm_ms_per_token"] / u["vllm_ms_per_token"], 3),
+             "transformers": round(t["transformers_ms_per_token"] / u["transformers_ms_per_token"], 3)}
+    print(json.dumps(ratio), flush=True)
+    return rows + [ratio]
+
+
 def _spec(llm) -> tuple[int, int, int]:
     got = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
     return tuple(int(got.get(f"vllm:spec_decode_{n}") or 0) for n in ("num_draft_tokens", "num_accepted_tokens",
@@ -110,6 +161,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--draft-step", action="store_true",
+                    help="also time each drafter's step alone, trimmed vs untrimmed, in vLLM and in transformers")
+    ap.add_argument("--repeats", type=int, default=3, help="timed repeats of each --draft-step measurement")
     ap.add_argument("--out", type=Path, help="also write the rows (and the machine) to this JSON file")
     args = ap.parse_args()
     if args.smollm2 is not None:
@@ -117,6 +171,13 @@ def main() -> None:
     if not (args.target and args.drafter and args.untrimmed):
         sys.exit("pass --target, --drafter and --untrimmed, or --smollm2 DIR")
     rows = run(args)
+    if args.draft_step:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(args.target)
+        chat = tok.apply_chat_template([{"role": "user", "content": PROMPTS[0]}], add_generation_prompt=True,
+                                       tokenize=True)
+        rows += draft_steps(args, [list(chat["input_ids"]) if hasattr(chat, "keys") else list(chat)])
     if args.out:
         args.out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "machine": platform.processor() or
                                         platform.machine(), "cpus": os.cpu_count(), "args": {k: str(v) for k, v in
