@@ -521,7 +521,7 @@ class SpeculativeEngine:
     def _take_context(self) -> None:
         """Pruned ids among the tokens emitted since the last round join the batch's context tokens."""
         if self.emitted and self.step.vocab is not None:
-            self.step.vocab.add(torch.tensor(self.emitted, dtype=torch.long, device=self.device))
+            self.step.vocab.add_ids(self.emitted, self.stats)
         self.emitted = []
 
     def _emit(self, draft_rows: list[list[int]] | None, acc: list[int], new: list[int], processed=None,
