@@ -95,7 +95,7 @@ def measure(target, drafter, timers: Timers, batch: int, new_tokens: int, length
                      "verify_ms": 1e3 * timers.verify / n,
                      "engine_ms": 1e3 * (timers.loop - timers.draft - timers.verify) / n,
                      "share": (timers.loop - timers.draft - timers.verify) / timers.loop,
-                     "generate_ms": 1e3 * wall / n, "syncs": st.host_syncs / n, "setup_syncs": st.setup_syncs,
+                     "generate_ms": 1e3 * wall / n, "syncs": getattr(st, "host_syncs", float("nan")) / n,
                      "rounds": n, "draft_steps_per_round": st.draft_steps / n})
     return rows
 
