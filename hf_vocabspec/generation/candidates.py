@@ -16,6 +16,7 @@ from transformers.generation.candidate_generator import AssistedCandidateGenerat
 from ..compatibility import check_compatibility
 from ..modeling import TrimmedDrafter
 from .draft_step import DraftStep
+from .host import read
 from .stats import SpeculationStats
 
 
@@ -83,8 +84,9 @@ class TrimmedCandidateGenerator(AssistedCandidateGenerator):
             self.cache = self.step.new_cache()
         seq = input_ids[0]
         n = min(self.fed.numel(), seq.numel() - 1)
-        same = self.fed[:n] == seq[:n]
-        keep = n if bool(same.all()) else int((~same).nonzero()[0])
+        differs = (self.fed[:n] != seq[:n]).long()
+        # one read: the first column that differs (n where none does)
+        keep = read(torch.where(differs.any(), differs.argmax(), n), self.stats) if n > 0 else 0
         remove = self.fed.numel() - keep
         if self.fed.numel():  # crop() on a never-filled sliding layer fails
             self.cache.crop(-remove)
@@ -112,9 +114,10 @@ class TrimmedCandidateGenerator(AssistedCandidateGenerator):
                 laws.append(drafted.probs)
             seq = torch.cat([seq, drafted.token], dim=1)
             to_feed = drafted.token
-            if self.eos is not None and bool(torch.isin(drafted.token, self.eos).any()):
-                break
-            if bool(drafted.unsure.any()):  # transformers' ConfidenceCriteria: stop after an unsure draft
+            stop = drafted.unsure.any()  # transformers' ConfidenceCriteria: stop after an unsure draft
+            if self.eos is not None:
+                stop = stop | torch.isin(drafted.token, self.eos).any()
+            if read(stop, self.stats):  # one read per drafted token (transformers' loop: it stops at an EOS)
                 break
         if not laws:
             return seq, None
@@ -127,6 +130,8 @@ class TrimmedCandidateGenerator(AssistedCandidateGenerator):
         self.stats.row_rounds += 1
         self.stats.batch_size = 1
         self.stats.proposed += proposed
+        if isinstance(num_matches, torch.Tensor):
+            num_matches = read(num_matches, self.stats)
         self.stats.accepted += int(num_matches)
         self.stats.per_round_accepted.append(int(num_matches))
         self.stats.per_round_proposed.append(proposed)

@@ -30,6 +30,7 @@ from transformers.generation.logits_process import (
 
 from ..modeling import TrimmedDrafter, cache_kwarg
 from ..rdk import drafter_kernel
+from .host import read
 from .stats import SpeculationStats
 from .vocabulary import DraftVocabulary, is_stateless, is_value_only
 
@@ -177,6 +178,10 @@ class DraftStep:
         embedding = self.body.get_input_embeddings()
         rows = getattr(embedding, "num_embeddings", None)
         self.embedding_rows = rows if rows is not None and rows < self.vocab_size else None
+        # counters of draws (context tokens, RDK moves) kept on the device until ``flush_counts`` (the engine sets
+        # this: no read per drafted token); False: read at once (transformers' loop, SSD)
+        self.defer_counts = False
+        self._counts: dict[str, torch.Tensor] = {}
 
     # --- the drafter's forward ----------------------------------------------------------------------------
     @property
@@ -235,7 +240,7 @@ class DraftStep:
             rows.append(row)
         out = torch.cat(rows)
         dead = ~torch.isfinite(out).any(dim=-1)  # nothing allowed in draft space: draft unconstrained
-        return torch.where(dead[:, None], logits, out) if bool(dead.any()) else out
+        return torch.where(dead[:, None], logits, out)  # (no read of ``dead``: a host sync per drafted token)
 
     def constrain(self, logits: torch.Tensor, row_ids: list[int]) -> torch.Tensor:
         """Each row's draft-space logits masked to what its draft constraint allows (a row it leaves unconstrained,
@@ -255,10 +260,10 @@ class DraftStep:
                 idx = self.vocab.draft_index(allowed) if self.vocab is not None else allowed[allowed < ids.numel()]
                 ok[idx[idx >= 0]] = True
             ok &= torch.isfinite(logits[b])
-            if bool(ok.any()):
-                if out is logits:
-                    out = logits.clone()
-                out[b].masked_fill_(~ok, float("-inf"))
+            if out is logits:
+                out = logits.clone()
+            # a row whose allowed tokens are all outside (ok all False) keeps its logits; chosen on the device
+            out[b] = torch.where(ok.any(), logits[b].masked_fill(~ok, float("-inf")), logits[b])
         return out
 
     def draw(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -273,16 +278,32 @@ class DraftStep:
         if self.vocab is None:
             return idx
         tokens = self.vocab.ids[idx]
-        if self.vocab.num_context:  # (a device sync: skipped when there is nothing to count)
-            self.stats.context_proposed += int((idx >= self.vocab.k).sum())
-        if self.rdk is not None:
+        if self.vocab.num_context:  # (nothing to count without context tokens)
+            self._count("context_proposed", (idx >= self.vocab.k).sum())
+        if self.rdk is not None:  # rows of context-token draws keep them (chosen on the device: no read)
             kept = idx < self.vocab.k
-            if bool(kept.any()):
-                moved = self.rdk.sample(idx.clamp_max(self.vocab.k - 1))
-                moved = torch.where(kept, moved, tokens)
-                self.stats.pruned_proposed += int((moved != tokens).sum())
-                tokens = moved
+            moved = self.rdk.sample(idx.clamp_max(self.vocab.k - 1))
+            moved = torch.where(kept, moved, tokens)
+            self._count("pruned_proposed", (moved != tokens).sum())
+            tokens = moved
         return tokens
+
+    def _count(self, name: str, value: torch.Tensor) -> None:
+        if not self.defer_counts:
+            setattr(self.stats, name, getattr(self.stats, name) + read(value, self.stats))
+            return
+        held = self._counts.get(name)
+        self._counts[name] = value if held is None else held + value
+
+    def flush_counts(self) -> None:
+        """The deferred counters into the stats: one read for all of them (once per call)."""
+        if not self._counts:
+            return
+        names = list(self._counts)
+        values = read(torch.stack([self._counts[n] for n in names]), self.stats, setup=True)
+        for name, value in zip(names, values):
+            setattr(self.stats, name, getattr(self.stats, name) + value)
+        self._counts = {}
 
     def is_unsure(self, logits: torch.Tensor, idx: torch.Tensor, probs: torch.Tensor | None) -> torch.Tensor:
         """transformers' ConfidenceCriteria: the drafter's probability of its own draw is below the threshold

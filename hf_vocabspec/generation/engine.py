@@ -76,6 +76,7 @@ from ..configuration import SPECULATION_MODES
 from ..modeling import cache_kwarg
 from .constraints import TrackedConstraint, draft_constraint_for
 from .draft_step import DraftStep
+from .host import read, upload
 from .stats import SpeculationStats
 from .vocabulary import is_stateless, is_value_only
 
@@ -211,15 +212,20 @@ class _AlignedCache:
     def grew(self, n: int) -> None:
         self.length += n
 
-    def keep(self, keep: torch.Tensor, new_length: int) -> None:
-        """Row b keeps its first ``keep[b]`` columns, shifted right so that every row ends at ``new_length``.
+    def keep(self, keep: list[int], new_length: int) -> None:
+        """Row b keeps its first ``keep[b]`` columns (a host list), shifted right so that every row ends at
+        ``new_length``.
 
         In place: only the rows that shift are copied (grouped by shift); convolution states drop each row's
-        rejected tail and go back to their kernel size."""
-        shift = new_length - keep
-        groups = [(int(s), (shift == s).nonzero().flatten()) for s in torch.unique(shift).tolist() if s > 0]
-        removed = self.length - keep
+        rejected tail and go back to their kernel size. No device read: the groups are found on the host."""
+        shift = [new_length - k for k in keep]
+        groups = [(s, [i for i, x in enumerate(shift) if x == s]) for s in sorted(set(shift)) if s > 0]
+        device = None
+        removed = [self.length - k for k in keep]
         for layer in self.cache.layers:
+            if groups and device is None and self._columns(layer):
+                device = getattr(layer, self._columns(layer)[0][0]).device
+                groups = [(s, upload(rows, device)) for s, rows in groups]
             for name, bdim, sdim in self._columns(layer):
                 t = getattr(layer, name)
                 for s, rows in groups:
@@ -232,15 +238,15 @@ class _AlignedCache:
         self.length = new_length
 
     @staticmethod
-    def _roll_back_conv(state: torch.Tensor, removed: torch.Tensor, kernel: int) -> torch.Tensor:
+    def _roll_back_conv(state: torch.Tensor, removed: list[int], kernel: int) -> torch.Tensor:
         """(B, C, W) recorded conv inputs -> (B, C, kernel): each row's last ``kernel`` inputs before its
         ``removed[b]`` rejected ones (zeros before the sequence start, as a causal convolution assumes)."""
         B, C, W = state.shape
         padded = torch.nn.functional.pad(state, (kernel, 0))
         out = state.new_empty((B, C, kernel))
-        for r in torch.unique(removed).tolist():
-            rows = (removed == r).nonzero().flatten()
-            end = W + kernel - int(r)
+        for r in sorted(set(removed)):
+            rows = upload([i for i, x in enumerate(removed) if x == r], state.device)
+            end = W + kernel - r
             out[rows] = padded[rows, :, end - kernel : end]
         return out
 
@@ -294,14 +300,16 @@ class SpeculativeEngine:
         self.schedule = schedule
         self.speculation = speculation if B > 1 else ("on" if speculation == "auto" else speculation)
         self.vocab_size = target_rows(target)
+        self.stepwise = not all(is_stateless(p) for p in (logits_processor if logits_processor is not None else []))
+        self.stats = SpeculationStats(batch_size=B, stepwise=self.stepwise)
         mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
         self.pad_id = generation_config._pad_token_tensor
         eos = generation_config._eos_token_tensor
         self.eos = eos.flatten().to(self.device) if eos is not None else None
         if self.pad_id is None:
             self.pad_id = self.eos[0] if self.eos is not None else torch.tensor(0, device=self.device)
-        self.pad = int(self.pad_id)
-        self.eos_set = set(self.eos.tolist()) if self.eos is not None else set()
+        self.pad = read(self.pad_id, self.stats, setup=True)
+        self.eos_set = set(read(self.eos, self.stats, setup=True)) if self.eos is not None else set()
         self.max_new = int(generation_config.max_length) - P
         self.processors = logits_processor if logits_processor is not None else []
         self.value_only = all(is_value_only(p) for p in self.processors)
@@ -310,14 +318,14 @@ class SpeculativeEngine:
         # criteria other than EOS / length may read the scores: the processed logits of each emitted token are kept
         # until its step is committed (also what output_scores returns)
         self.need_scores = keep_scores or not all(map(_is_simple, self.criteria))
-        # Processors not known to be stateless are called exactly as target-only calls them: once per step
-        # (``_stepwise_round``); the stateless ones on a round's positions at once (``_process_target``).
-        self.stepwise = not all(is_stateless(p) for p in self.processors)
+        # Processors not known to be stateless (``self.stepwise``, above) are called exactly as target-only calls
+        # them: once per step (``_stepwise_round``); the stateless ones on a round's positions at once
+        # (``_process_target``).
         self.lazy = self.stepwise or streamer is not None or keep_logits or self.need_scores
         self.keep_scores, self.keep_logits = keep_scores, keep_logits
-        self.stats = SpeculationStats(batch_size=B, stepwise=self.stepwise)
         self.step = DraftStep(assistant, self.processors, do_sample=self.do_sample,
                               confidence_threshold=confidence_threshold, stats=self.stats, vocab_size=self.vocab_size)
+        self.step.defer_counts = True  # its draw counters are read once, at the end of the call
         self.target_cache = _AlignedCache(target_cache if target_cache is not None else
                                           DynamicCache(config=target.config.get_text_config(decoder=True)))
         self.draft_cache = _AlignedCache(self.step.new_cache())
@@ -337,11 +345,15 @@ class SpeculativeEngine:
         self.raw_logits: list[torch.Tensor] = []
         self.committed = 0
         self.committed_ids = input_ids
-        self.unfinished = torch.ones(B, dtype=torch.bool, device=self.device)
+        self.unfinished: list[bool] = [True] * B  # per original row: not finished by a criterion (or its end)
         # Compute state (the rows still being generated). seq is right-aligned; pad[b] masked columns on the left.
+        # ``rows`` / ``pad_cols`` live on the device with host copies (``row_list`` / ``pad_list``): the loop decides
+        # on the host copies, so that it reads the device once per round (generation/host.py).
         self.seq = input_ids.clone()
         self.pad_cols = (P - mask.sum(dim=1)).long()
+        self.pad_list: list[int] = read(self.pad_cols, self.stats, setup=True)
         self.rows = torch.arange(B, device=self.device)  # original row of each computing row
+        self.row_list: list[int] = list(range(B))
         self.emitted: list[int] = []  # tokens emitted since the drafter's context tokens were last updated
         # Stepwise: per original row, its verified but not yet decided positions (``_Pending``), one per token at
         # the end of seq that is still tentative (a draft the batch has not reached yet).
@@ -367,10 +379,12 @@ class SpeculativeEngine:
 
     @property
     def padded(self) -> bool:
-        return bool(self.pad_cols.any())
+        return any(self.pad_list)
 
     def _positions(self, start: int, n: int) -> torch.Tensor:
         cols = torch.arange(start, start + n, device=self.device)
+        if not self.padded:
+            return cols[None, :].expand(len(self.pad_list), n)
         return (cols[None, :] - self.pad_cols[:, None]).clamp(min=0)
 
     def _target_forward(self, tokens: torch.Tensor, keep: int | None = None) -> torch.Tensor:
@@ -394,15 +408,17 @@ class SpeculativeEngine:
     def _candidates(self, drafts: torch.Tensor | None) -> torch.Tensor:
         """(B, P + W) ids of ALL original rows in target-only's layout: prompt, then each row's tokens (a computing
         row's drafts after its tokens), pads where a row has no more."""
-        lists = [list(g) for g in self.gen]
-        if drafts is not None:
-            for i, r in enumerate(self.rows.tolist()):
-                lists[r] = lists[r] + drafts[i].tolist()
-        width = max(len(x) for x in lists)
+        n = drafts.shape[1] if drafts is not None else 0
+        computing = set(self.row_list)
+        width = max(len(g) + (n if r in computing else 0) for r, g in enumerate(self.gen))
         tail = torch.full((self.B, width), self.pad, dtype=torch.long, device=self.device)
-        for r, x in enumerate(lists):
-            if x:
-                tail[r, : len(x)] = torch.tensor(x, dtype=torch.long, device=self.device)
+        for r, g in enumerate(self.gen):
+            if g:
+                tail[r, : len(g)] = upload(g, self.device)
+        if drafts is not None:  # copied on the device (no read of the drafts)
+            for i, r in enumerate(self.row_list):
+                g = len(self.gen[r])
+                tail[r, g : g + n] = drafts[i]
         return torch.cat([self.prompt, tail], dim=1)
 
     def _process_target(self, logits: torch.Tensor, drafts: torch.Tensor | None) -> torch.Tensor:
@@ -412,18 +428,18 @@ class SpeculativeEngine:
         Bc, n, V = logits.shape
         if self.value_only:
             return self.processors(None, logits.reshape(Bc * n, V)).reshape(Bc, n, V)
-        rows = self.rows.tolist()
-        lengths = torch.tensor([len(self.gen[r]) for r in rows], device=self.device)
+        rows = self.row_list
+        lengths = [len(self.gen[r]) for r in rows]
         ids = self._candidates(drafts)
         out = torch.empty_like(logits)
-        for t in range(int(lengths.min()), int(lengths.max()) + n):
-            offset = t - lengths
-            live = ((offset >= 0) & (offset < n)).nonzero().flatten()
+        for t in range(min(lengths), max(lengths) + n):
+            live = [i for i, x in enumerate(lengths) if 0 <= t - x < n]  # found on the host: no read
+            at = upload([live, [t - lengths[i] for i in live], [rows[i] for i in live]], self.device)
+            live_t, offset, orig = at[0], at[1], at[2]
             scores = logits.new_zeros((self.B, V))
-            orig = self.rows[live]
-            scores[orig] = logits[live, offset[live]]
+            scores[orig] = logits[live_t, offset]
             done = self.processors(ids[:, : self.P + t], scores)
-            out[live, offset[live]] = done[orig]
+            out[live_t, offset] = done[orig]
         return out
 
     # ---- one round ---------------------------------------------------------------------------------------
@@ -432,21 +448,24 @@ class SpeculativeEngine:
         tentative drafts, stepwise)."""
         if self.step.value_only:
             return None
-        return [torch.cat([self.prompt[r], torch.tensor(self.gen[r] + [e.draft for e in self.chain[r]],
-                                                        dtype=torch.long, device=self.device)])
-                for r in self.rows.tolist()]
+        return [torch.cat([self.prompt[r], upload(self.gen[r] + [e.draft for e in self.chain[r]], self.device)])
+                for r in self.row_list]
 
     def _draft(self, L: int):
         """Up to L drafts per row: (draft indices (B, L), laws (B, L, n_ids) or None, target ids (B, L), drafts
-        each row proposes (B,)). A row stops proposing after an unsure draft or an EOS; the batch stops drafting
-        when every row has stopped."""
+        each row proposes (B,)). A row stops proposing after an unsure draft or an EOS (on the device: no read).
+        The batch stops drafting when every row has stopped only where a confidence stop is set (one read per
+        drafted position: the early stop is what the threshold buys) or a draft constraint reads each draft
+        anyway; otherwise it drafts all L positions with no read (past an EOS the drafts are simply not
+        proposed: exact, at the cost of a few drafter steps at the end of a sequence)."""
         T = self.seq.shape[1]
         to_feed = self.seq[:, self.drafted_len :]
         contexts = self._contexts()
-        row_ids = self.rows.tolist()
+        row_ids = self.row_list
         idxs, probs, tokens = [], [], []
-        proposes = torch.full((self.rows.numel(),), L, dtype=torch.long, device=self.device)
-        stopped = torch.zeros(self.rows.numel(), dtype=torch.bool, device=self.device)
+        proposes = torch.full((len(row_ids),), L, dtype=torch.long, device=self.device)
+        stopped = torch.zeros(len(row_ids), dtype=torch.bool, device=self.device)
+        watch = self.step.confidence_threshold > 0 or self.constraint is not None
         for s in range(L):
             d = self._draft_forward(to_feed, contexts, row_ids)
             idxs.append(d.idx)
@@ -459,10 +478,13 @@ class SpeculativeEngine:
             proposes = torch.where(~stopped & ends, s + 1, proposes)
             stopped |= ends
             to_feed = d.token
-            if self.constraint is not None:
-                for r, token in zip(row_ids, d.token[:, 0].tolist()):
+            if self.constraint is not None:  # the grammar advances on each draft: one read per drafted position
+                seen = read(torch.stack([d.token[:, 0], stopped.long()], dim=1), self.stats)
+                for r, (token, _) in zip(row_ids, seen):
                     self.constraint.draft(r, token)
-            if bool(stopped.all()):
+                if all(x for _, x in seen):
+                    break
+            elif watch and read(stopped.all(), self.stats):
                 break
             if contexts is not None:
                 contexts = [torch.cat([c, tok]) for c, tok in zip(contexts, d.token)]
@@ -490,27 +512,24 @@ class SpeculativeEngine:
         accepted = ok.cumprod(dim=1).sum(dim=1)
         rows = torch.arange(B, device=self.device)
         p_next = p[rows, accepted]  # (B, V) at the first rejected (or bonus) position
-        rejected = accepted < proposes
-        if bool(rejected.any()):
-            at = accepted.clamp(max=L - 1)
-            p_next = torch.where(rejected[:, None], _residual(p_next, q_full[rows, at]), p_next)
+        rejected = accepted < proposes  # (the residual of every row, chosen on the device: no read)
+        at = accepted.clamp(max=L - 1)
+        p_next = torch.where(rejected[:, None], _residual(p_next, q_full[rows, at]), p_next)
         new = torch.multinomial(p_next, 1)[:, 0]
         return _Round(accepted, new)
 
     def _take_context(self) -> None:
         """Pruned ids among the tokens emitted since the last round join the batch's context tokens."""
         if self.emitted and self.step.vocab is not None:
-            self.step.vocab.add(torch.tensor(self.emitted, dtype=torch.long, device=self.device))
+            self.step.vocab.add_ids(self.emitted, self.stats)
         self.emitted = []
 
-    def _emit(self, drafts: torch.Tensor | None, result: _Round, processed=None, raw=None) -> int:
-        """Append each computing row's accepted drafts + new token, cut at EOS / the budget. Returns the number
-        of tokens appended."""
-        acc = result.accepted.tolist()
-        new = result.new_tokens.tolist()
-        draft_rows = drafts.tolist() if drafts is not None else None
+    def _emit(self, draft_rows: list[list[int]] | None, acc: list[int], new: list[int], processed=None,
+              raw=None) -> int:
+        """Append each computing row's accepted drafts + new token (host lists: the round's one read), cut at EOS
+        / the budget. Returns the number of tokens appended."""
         total = 0
-        for i, r in enumerate(self.rows.tolist()):
+        for i, r in enumerate(self.row_list):
             tokens = (draft_rows[i][: acc[i]] if draft_rows is not None else []) + [new[i]]
             for j, t in enumerate(tokens):
                 total += 1
@@ -539,16 +558,16 @@ class SpeculativeEngine:
         unfinished row's tokens are known; a criterion that fires ends its row there."""
         if not self.lazy:
             return
-        while bool(self.unfinished.any()):
+        while any(self.unfinished):
             t = self.committed + 1
             if any(self.finished_at[r] is None and len(self.gen[r]) < t for r in range(self.B)):
                 return
-            live = self.unfinished.tolist()
-            tokens = torch.tensor([self.gen[r][t - 1] if live[r] else self.pad for r in range(self.B)],
-                                  dtype=torch.long, device=self.device)
+            live = list(self.unfinished)
+            values = [self.gen[r][t - 1] if live[r] else self.pad for r in range(self.B)]
+            tokens = upload(values, self.device)
             self.committed_ids = torch.cat([self.committed_ids, tokens[:, None]], dim=1)
             if self.streamer is not None:
-                self.streamer.put(tokens.cpu())
+                self.streamer.put(torch.tensor(values, dtype=torch.long))
             scores = None
             if self.need_scores:
                 scores = self._pop(self.pending_scores, live)
@@ -556,17 +575,19 @@ class SpeculativeEngine:
                     self.scores.append(scores)
             if self.keep_logits:
                 self.raw_logits.append(self._pop(self.pending_logits, live))
-            done = self.criteria(self.committed_ids, scores) if self.criteria else torch.zeros_like(self.unfinished)
-            done = torch.as_tensor(done, device=self.device).bool().expand(self.B)
-            for r in (self.unfinished & done).nonzero().flatten().tolist():
-                self.finished_at[r] = t
-                del self.gen[r][t:]
-            for r in range(self.B):  # safety: a row whose computation ended is finished where it ended
-                if live[r] and not bool(done[r]) and self.ended[r] == t:
+            if self.criteria:  # one read per committed step: what the criteria decided
+                done = read(torch.as_tensor(self.criteria(self.committed_ids, scores), device=self.device)
+                            .bool().expand(self.B), self.stats)
+            else:
+                done = [False] * self.B
+            for r in range(self.B):
+                if live[r] and done[r]:
                     self.finished_at[r] = t
-                    done = done.clone()
+                    del self.gen[r][t:]
+                elif live[r] and self.ended[r] == t:  # safety: a row whose computation ended is finished there
+                    self.finished_at[r] = t
                     done[r] = True
-            self.unfinished &= ~done
+            self.unfinished = [u and not d for u, d in zip(self.unfinished, done)]
             self.committed = t
 
     def _pop(self, pending: list[list[torch.Tensor]], live: list[bool]) -> torch.Tensor:
@@ -577,63 +598,74 @@ class SpeculativeEngine:
             rows.append(pending[r].pop(0) if live[r] and pending[r] else torch.zeros(width, device=self.device))
         return torch.stack(rows)
 
-    def _stopped_rows(self) -> torch.Tensor:
-        """(Bc,) bool: computing rows that ended (EOS / budget) or that a criterion finished."""
-        return torch.tensor([self.ended[r] is not None or self.finished_at[r] is not None for r in self.rows.tolist()],
-                            dtype=torch.bool, device=self.device)
-
-    def _advance(self, full: torch.Tensor, kept: torch.Tensor, new: torch.Tensor) -> None:
+    def _advance(self, full: torch.Tensor, kept: list[int], new: list[int],
+                 new_tokens: torch.Tensor | None = None) -> None:
         """Computing row b keeps the first ``kept[b]`` columns of ``full`` (seq, then this round's drafts) and then
         its new token ``new[b]`` (-1: none, its last kept column is a tentative draft); rows are realigned to end at
         the same column, both caches cut to what each row keeps (each holds all but the last 1-2 tokens of a row:
-        what the next round feeds), stopped rows compacted out."""
+        what the next round feeds), stopped rows compacted out. ``kept`` and ``new`` are host lists (the round's
+        one read), ``new_tokens`` the same new tokens where they are already on the device: no read here."""
         start = time.perf_counter()
-        keep_rows = (~self._stopped_rows()).nonzero().flatten()
-        if keep_rows.numel() < self.rows.numel():
-            self.rows, self.pad_cols = self.rows[keep_rows], self.pad_cols[keep_rows]
-            full, kept, new = full[keep_rows], kept[keep_rows], new[keep_rows]
-            self.target_cache.select(keep_rows)
-            self.draft_cache.select(keep_rows)
-        if self.rows.numel() == 0:
+        keep_idx = [i for i, r in enumerate(self.row_list) if self.ended[r] is None and self.finished_at[r] is None]
+        if len(keep_idx) < len(self.row_list):
+            sel = upload(keep_idx, self.device)
+            self.rows, self.pad_cols = self.rows[sel], self.pad_cols[sel]
+            self.row_list = [self.row_list[i] for i in keep_idx]
+            self.pad_list = [self.pad_list[i] for i in keep_idx]
+            kept, new = [kept[i] for i in keep_idx], [new[i] for i in keep_idx]
+            full = full[sel]
+            new_tokens = new_tokens[sel] if new_tokens is not None else None
+            self.target_cache.select(sel)
+            self.draft_cache.select(sel)
+        if not self.row_list:
             self.stats.realign_seconds += time.perf_counter() - start
             return
-        has_new = new >= 0
-        length = kept + has_new.long()  # each row's new length, in its own columns
-        m = int(length.max())
-        shift = m - length
-        cols = torch.arange(m, device=self.device)[None, :] - shift[:, None]  # new column -> column of full
-        inside = (cols >= 0) & (cols < kept[:, None])
-        seq = torch.where(inside, full.gather(1, cols.clamp(0, full.shape[1] - 1)), self.pad)
-        self.seq = torch.where(has_new[:, None] & (cols == kept[:, None]), new[:, None], seq)
-        self.pad_cols = self.pad_cols + shift
-        self.target_cache.keep(length - 1, m - 1)  # the last token of every row is fed next round
+        length = [k + (t >= 0) for k, t in zip(kept, new)]  # each row's new length, in its own columns
+        m = max(length)
+        shift = [m - x for x in length]
+        if not any(shift) and min(new) >= 0:  # every row ends at m with its new token: nothing moves
+            if new_tokens is None:
+                new_tokens = upload(new, self.device)
+            self.seq = torch.cat([full[:, : m - 1], new_tokens[:, None]], dim=1)
+        else:
+            dev = upload([kept, new, shift], self.device)
+            kept_t, new_t, shift_t = dev[0], dev[1], dev[2]
+            cols = torch.arange(m, device=self.device)[None, :] - shift_t[:, None]  # new column -> column of full
+            inside = (cols >= 0) & (cols < kept_t[:, None])
+            seq = torch.where(inside, full.gather(1, cols.clamp(0, full.shape[1] - 1)), self.pad)
+            self.seq = torch.where((new_t >= 0)[:, None] & (cols == kept_t[:, None]), new_t[:, None], seq)
+            if any(shift):
+                self.pad_cols = self.pad_cols + shift_t
+                self.pad_list = [p + x for p, x in zip(self.pad_list, shift)]
+        self.target_cache.keep([x - 1 for x in length], m - 1)  # the last token of every row is fed next round
         # the drafter holds [0, drafted_len) of full; a row keeps what is still valid, all rows the same number of
         # columns short of their end (one block is fed next round)
-        short = max(1, int((length - kept.clamp(max=self.drafted_len)).max()))
-        if short > int(length.min()):  # rare (a drafter far behind, rows far apart): it re-reads the rows
+        short = max(1, max(x - min(k, self.drafted_len) for x, k in zip(length, kept)))
+        if short > min(length):  # rare (a drafter far behind, rows far apart): it re-reads the rows
             self.draft_cache = _AlignedCache(self.step.new_cache())
             self.drafted_len = 0
         else:
-            self.draft_cache.keep(length - short, m - short)
+            self.draft_cache.keep([x - short for x in length], m - short)
             self.drafted_len = m - short
-        common = int(self.pad_cols.min())
+        common = min(self.pad_list)
         if common:  # crop the padding every row shares
             self.seq = self.seq[:, common:]
             self.pad_cols = self.pad_cols - common
+            self.pad_list = [p - common for p in self.pad_list]
             self.target_cache.crop_left(common)
             self.draft_cache.crop_left(min(common, self.drafted_len))
             self.drafted_len = max(self.drafted_len - common, 0)
         self.stats.realign_seconds += time.perf_counter() - start
 
     def _remaining(self) -> int:
-        return max(self.max_new - len(self.gen[r]) for r in self.rows.tolist())
+        return max(self.max_new - len(self.gen[r]) for r in self.row_list)
 
     def _speculative_round(self) -> int:
         L = min(self.L, self._remaining() - 1)
         if self.stepwise:
             return self._stepwise_round(max(L, 0), plain=False)
         if L < 1:  # one token left: a round with no drafts (counted as one, as transformers' loop counts it)
-            rows = self.rows.numel()
+            rows = len(self.row_list)
             self.stats.rounds += 1
             self.stats.row_rounds += rows
             self.stats.per_round_accepted.extend([0] * rows)
@@ -647,22 +679,29 @@ class SpeculativeEngine:
         raw = self._target_forward(torch.cat([fresh, drafts], dim=1), keep=drafts.shape[1] + 1)
         logits = self._process_target(raw, drafts)
         result = self._verify(idx, q, drafts, logits, proposes)
+        # the round's one read: per row its accepted drafts, new token, proposed drafts and the drafts
+        outcome = read(torch.cat([result.accepted[:, None], result.new_tokens[:, None], proposes[:, None], drafts],
+                                 dim=1), self.stats)
+        acc = [o[0] for o in outcome]
+        new = [o[1] for o in outcome]
+        props = [o[2] for o in outcome]
+        draft_rows = [o[3:] for o in outcome]
         t_verify = time.perf_counter()
         self.stats.draft_seconds += t_draft - start
         self.stats.verify_seconds += t_verify - t_draft
-        rows_before = self.rows.numel()
-        emitted = self._emit(drafts, result, logits, raw)
+        rows_before = len(self.row_list)
+        emitted = self._emit(draft_rows, acc, new, logits, raw)
         self.stats.rounds += 1
         self.stats.row_rounds += rows_before
-        self.stats.proposed += int(proposes.sum())
-        self.stats.accepted += int(result.accepted.sum())
-        self.stats.per_round_accepted.extend(result.accepted.tolist())
-        self.stats.per_round_proposed.extend(proposes.tolist())
+        self.stats.proposed += sum(props)
+        self.stats.accepted += sum(acc)
+        self.stats.per_round_accepted.extend(acc)
+        self.stats.per_round_proposed.extend(props)
         if self.schedule in ("heuristic", "heuristic_transient"):  # transformers' schedule, on the whole batch
-            self.L = self.L + 2 if bool((result.accepted == proposes).all()) else max(1, self.L - 1)
+            self.L = self.L + 2 if acc == props else max(1, self.L - 1)
         self._commit()
         T = self.seq.shape[1]
-        self._advance(torch.cat([self.seq, drafts], dim=1), T + result.accepted, result.new_tokens)
+        self._advance(torch.cat([self.seq, drafts], dim=1), [T + a for a in acc], new, result.new_tokens)
         return emitted
 
     def _plain_step(self, round_: bool = False) -> int:
@@ -674,13 +713,13 @@ class SpeculativeEngine:
         raw = self._target_forward(self.seq[:, self.target_cache.length :], keep=1)
         logits = self._process_target(raw, None)
         last = logits[:, 0]
-        new = torch.multinomial(last.softmax(-1), 1)[:, 0] if self.do_sample else last.argmax(-1)
+        new_tokens = torch.multinomial(last.softmax(-1), 1)[:, 0] if self.do_sample else last.argmax(-1)
+        new = read(new_tokens, self.stats)  # the step's one read
         self.stats.verify_seconds += time.perf_counter() - start
         self.stats.plain_steps += not round_
-        result = _Round(torch.zeros_like(new), new)
-        emitted = self._emit(None, result, logits, raw)
+        emitted = self._emit(None, [0] * len(new), new, logits, raw)
         self._commit()
-        self._advance(self.seq, torch.full_like(new, self.seq.shape[1]), new)
+        self._advance(self.seq, [self.seq.shape[1]] * len(new), new, new_tokens)
         return emitted
 
     # ---- the exact processor contract (processors with state) ---------------------------------------------
@@ -700,22 +739,23 @@ class SpeculativeEngine:
         holding L undecided drafts proposes no more until they are decided."""
         start = time.perf_counter()
         T = self.seq.shape[1]
-        rows = self.rows.tolist()
-        tentative = torch.tensor([len(self.chain[r]) for r in rows], device=self.device)
+        rows = self.row_list
+        tentative = [len(self.chain[r]) for r in rows]
         drafts = q_full = None
-        proposes = torch.zeros(len(rows), dtype=torch.long, device=self.device)
+        props = [0] * len(rows)
+        draft_rows = None
         if L:
             self._take_context()
             _, q, drafts, proposes = self._draft(L)
-            proposes = torch.minimum(proposes, (self.L - tentative).clamp(min=0))
+            seen = read(torch.cat([proposes[:, None], drafts], dim=1), self.stats)  # one read of the drafts
+            props = [min(o[0], max(self.L - t, 0)) for o, t in zip(seen, tentative)]
+            draft_rows = [o[1:] for o in seen]
         t_draft = time.perf_counter()
         fresh = self.seq[:, self.target_cache.length :]
         n = drafts.shape[1] if drafts is not None else 0
         raw = self._target_forward(fresh if drafts is None else torch.cat([fresh, drafts], dim=1), keep=n + 1)
         if drafts is not None and q is not None:
             q_full = self.step.q_target(q, raw.shape[-1])
-        props = proposes.tolist()
-        draft_rows = drafts.tolist() if drafts is not None else None
         for i, r in enumerate(rows):
             for j in range(props[i]):
                 self.chain[r].append(_Pending(raw[i, j], draft_rows[i][j], q_full[i, j] if q_full is not None else None))
@@ -726,12 +766,11 @@ class SpeculativeEngine:
         emitted = 0
         V = raw.shape[-1]
         while True:
-            unfinished = self.unfinished.tolist()
-            live = [r for r in rows if unfinished[r]]
+            live = [r for r in rows if self.unfinished[r]]
             if not live or any(not self.chain[r] for r in live):
                 break
             entries = [self.chain[r].pop(0) for r in live]
-            at = torch.tensor(live, device=self.device)
+            at = upload(live, self.device)
             scores = raw.new_zeros((self.B, V))
             scores[at] = torch.stack([e.raw for e in entries])
             mine = self.processors(self.committed_ids, scores)[at]
@@ -750,7 +789,7 @@ class SpeculativeEngine:
         for i, r in enumerate(rows):
             if self.chain[r] and self.chain[r][-1].draft < 0:  # its logits come back with the next round's
                 self.chain[r].pop()
-            kept.append(T - int(tentative[i]) + accepted[i] + len(self.chain[r]))
+            kept.append(T - tentative[i] + accepted[i] + len(self.chain[r]))
             if self.constraint is not None and self.ended[r] is None and self.finished_at[r] is None:
                 self.constraint.sync(r, self.gen[r] + [e.draft for e in self.chain[r]])
         t_verify = time.perf_counter()
@@ -768,27 +807,33 @@ class SpeculativeEngine:
         if self.schedule in ("heuristic", "heuristic_transient") and L:
             self.L = self.L + 2 if all(a >= p for a, p in zip(accepted, props)) else max(1, self.L - 1)
         full = self.seq if drafts is None else torch.cat([self.seq, drafts], dim=1)
-        self._advance(full, torch.tensor(kept, device=self.device), torch.tensor(new, device=self.device))
+        self._advance(full, kept, new)
         return emitted
 
     def _decide(self, scores: torch.Tensor, entries: list[_Pending]) -> tuple[list[int], list[bool]]:
-        """Each row's token at one step from its processed scores, and whether it is the waiting draft."""
-        drafts = torch.tensor([e.draft for e in entries], device=scores.device)
+        """Each row's token at one step from its processed scores, and whether it is the waiting draft (one read:
+        the step's tokens and verdicts)."""
+        waiting = [e.draft for e in entries]
+        drafts = upload(waiting, scores.device)
         has = drafts >= 0
         d = drafts.clamp(min=0)
         if not self.do_sample:
             best = scores.argmax(dim=-1)
             ok = has & (best == d)
-            return torch.where(ok, d, best).tolist(), ok.tolist()
+            return self._tokens_and_verdicts(torch.where(ok, d, best), ok)
         p = scores.softmax(dim=-1)
-        if not bool(has.any()):
-            return torch.multinomial(p, 1)[:, 0].tolist(), [False] * len(entries)
+        if all(x < 0 for x in waiting):
+            return read(torch.multinomial(p, 1)[:, 0], self.stats), [False] * len(entries)
         q = torch.stack([e.q if e.draft >= 0 else p.new_zeros(p.shape[-1]) for e in entries])
         p_d = p.gather(1, d[:, None])[:, 0]
         q_d = q.gather(1, d[:, None])[:, 0]
         ok = has & (torch.rand_like(p_d) * q_d <= p_d)  # u <= p/q, without dividing
         law = torch.where((has & ~ok)[:, None], _residual(p, q), p)
-        return torch.where(ok, d, torch.multinomial(law, 1)[:, 0]).tolist(), ok.tolist()
+        return self._tokens_and_verdicts(torch.where(ok, d, torch.multinomial(law, 1)[:, 0]), ok)
+
+    def _tokens_and_verdicts(self, tokens: torch.Tensor, ok: torch.Tensor) -> tuple[list[int], list[bool]]:
+        both = read(torch.stack([tokens, ok.long()], dim=1), self.stats)
+        return [t for t, _ in both], [bool(x) for _, x in both]
 
     # ---- the loop ----------------------------------------------------------------------------------------
     def _prefill(self, P: int) -> None:
@@ -797,19 +842,21 @@ class SpeculativeEngine:
         repeated. Otherwise the first round's forwards carry the prompts (one forward fewer per model, as in
         transformers' assisted loop)."""
         n = int(getattr(self.config, "num_return_sequences", 1) or 1)
-        if n > 1 and self.B % n == 0 and bool((self.seq.view(-1, n, P) == self.seq[::n, None]).all()):
+        if n > 1 and self.B % n == 0 and read((self.seq.view(-1, n, P) == self.seq[::n, None]).all(), self.stats,
+                                              setup=True):
             unique = torch.arange(0, self.B, n, device=self.device)
         else:
             return
-        seq, pad = self.seq, self.pad_cols
+        seq, pad, pad_list = self.seq, self.pad_cols, self.pad_list
         self.seq, self.pad_cols = seq[unique], pad[unique]  # run the prefill on one copy of each prompt
+        self.pad_list = pad_list[::n]
         if P > 1:
             self._target_forward(self.seq[:, :-1], keep=1)
         if self.speculation != "off" and P > 2:
             self.step.logits(self.seq[:, :-2], self.draft_cache.cache, self._mask(P - 2), self._positions(0, P - 2))
             self.draft_cache.grew(P - 2)
             self.drafted_len = P - 2
-        self.seq, self.pad_cols = seq, pad
+        self.seq, self.pad_cols, self.pad_list = seq, pad, pad_list
         self.target_cache.repeat(n)
         self.draft_cache.repeat(n)
 
@@ -822,8 +869,8 @@ class SpeculativeEngine:
         self.stats.decision = forced.get(self.speculation, "")
         mode = "decode" if self.speculation == "off" else "speculate"
         last_mode, iteration = None, 0
-        while self.rows.numel():
-            rows = self.rows.numel()
+        while self.row_list:
+            rows = len(self.row_list)
             if self.speculation == "auto":
                 mode, why = choose_mode(self.measured, rows, iteration)
                 if not why.startswith("probe") and why.split(" (")[0] != self.stats.decision.split(" (")[0]:
@@ -841,6 +888,7 @@ class SpeculativeEngine:
             self.memory.keep(self.setting, self.measured)
         if not self.stats.decision:
             self.stats.decision = "speculate (finished before the measured decision)"
+        self.step.flush_counts()
         self._commit()
         if self.streamer is not None:
             self.streamer.end()

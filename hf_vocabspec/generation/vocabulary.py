@@ -31,6 +31,7 @@ from transformers.generation.logits_process import (
 )
 
 from ..modeling import TrimmedDrafter
+from .host import read, upload
 
 # Processors that only look at logit VALUES (not token ids): valid as-is on the K kept logits.
 _VALUE_ONLY = (
@@ -74,6 +75,7 @@ class DraftVocabulary:
         self.max_context = max_context
         self.context_rows: torch.Tensor | None = None  # (C, hidden) head rows of the context tokens
         self.scanned = 0
+        self._known: set[int] | None = None  # host copy of ``ids`` for ``add_ids`` (read once, then kept in step)
 
     @property
     def num_context(self) -> int:
@@ -99,6 +101,27 @@ class DraftVocabulary:
         new = torch.unique(new[self.t2d[new] < 0])[:room]
         if new.numel() == 0:
             return
+        self._known = None
+        self._append(new)
+
+    def add_ids(self, new: list[int], stats=None) -> None:
+        """``add`` for a host list (the engine's emitted tokens): the pruned ids are found on the host, against a
+        copy of ``ids`` read once per call; no device read per round."""
+        if not self.use_context:
+            return
+        room = self.max_context - self.num_context
+        if room <= 0 or not new:
+            return
+        if self._known is None:
+            self._known = set(read(self.ids, stats, setup=True))
+        size = self.t2d.numel()
+        fresh = sorted({t for t in new if 0 <= t < size and t not in self._known})[:room]
+        if not fresh:
+            return
+        self._known.update(fresh)
+        self._append(upload(fresh, self.ids.device))
+
+    def _append(self, new: torch.Tensor) -> None:
         if self.t2d is self.drafter.t2d:
             self.t2d = self.t2d.clone()
         self.t2d[new] = torch.arange(self.ids.numel(), self.ids.numel() + new.numel(), device=new.device)
