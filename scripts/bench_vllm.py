@@ -163,6 +163,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--draft-step", action="store_true",
                     help="also time each drafter's step alone, trimmed vs untrimmed, in vLLM and in transformers")
+    ap.add_argument("--only-draft-step", action="store_true",
+                    help="only the draft-step timing (e.g. a drafter vLLM cannot use as draft_model: Gemma 3)")
     ap.add_argument("--repeats", type=int, default=3, help="timed repeats of each --draft-step measurement")
     ap.add_argument("--out", type=Path, help="also write the rows (and the machine) to this JSON file")
     args = ap.parse_args()
@@ -170,8 +172,8 @@ def main() -> None:
         args.target, args.drafter, args.untrimmed = build_smollm2_pair(args.smollm2, args.keep)
     if not (args.target and args.drafter and args.untrimmed):
         sys.exit("pass --target, --drafter and --untrimmed, or --smollm2 DIR")
-    rows = run(args)
-    if args.draft_step:
+    rows = [] if args.only_draft_step else run(args)
+    if args.draft_step or args.only_draft_step:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(args.target)
