@@ -9,12 +9,7 @@
 # configs with random weights (a forward's time does not depend on the values) and (2) the generate contract
 # (tests/test_contract.py: greedy identity over 10 architectures x batch 1/3 x 16 kwargs, streamer, pipeline,
 # padded target law + power) with models and inputs on the GPU.
-set -u
-cd "$(dirname "$0")/.."
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD:$PWD/tests PYTHONUNBUFFERED=1
-OUT="${OUT:-/tmp/gpu-checks}"; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+source "$(dirname "$0")/_gpu_common.sh"
 C=.gpu/configs
 timeout 200 python3 scripts/bench_forward.py --random-weights --device cuda --repeats 10 --kernels linear \
   --positions 1 2 3 4 5 8 16 \

@@ -10,13 +10,7 @@
 # It prints (1) scripts/bench_gpu_generate.py's table (target-only eager and static cache + compile, transformers'
 # assisted loop, our engine; pair-Q and 7B-class shapes, random weights, acceptance pinned by construction) into
 # $OUT/gpu_generate.md/.json and (2) the generate contract's greedy-identity cases on CUDA with the time left.
-set -u
-cd "$(dirname "$0")/.."
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD:$PWD/tests PYTHONUNBUFFERED=1
-OUT="${OUT:-/tmp/gpu-generate}"; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-lscpu | grep -m1 "Model name"
+source "$(dirname "$0")/_gpu_common.sh"
 start=$(date +%s)
 timeout 420 python3 scripts/bench_gpu_generate.py --configs .gpu/configs --out "$OUT" --budget "${BUDGET:-330}" \
   2>&1 | grep -v "^\[transformers\]\|^Loading\|warn(" | tee "$OUT/bench.log" | grep -v "^\s*$" | grep "^|\|^Machine\|^Total\|Error\|error" 
