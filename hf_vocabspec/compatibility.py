@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import weakref
 
 from .configuration import VocabularyMapError
@@ -27,6 +28,7 @@ __all__ = [
     "check_tokenizer_belongs",
     "compatibility_error",
     "target_rows",
+    "target_tokenizer_fingerprint",
     "tokenizer_sha256",
 ]
 
@@ -59,6 +61,34 @@ def _fingerprint(tokenizer) -> str:
     if cached is None or cached[0] != size:
         cached = _FINGERPRINTS[tokenizer] = (size, tokenizer_sha256(tokenizer))
     return cached[1]
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+_TARGET_FINGERPRINTS: dict[tuple, str | None] = {}  # (folder, its tokenizer files' mtimes) -> fingerprint, read once
+
+
+def target_tokenizer_fingerprint(target) -> tuple[str, str] | None:
+    """(fingerprint, folder) of the tokenizer saved beside ``target``, where one is at hand: the local folder the
+    target was loaded from (``config._name_or_path``) holding tokenizer files, read once per folder (local files
+    only, never the network). None for a target built in memory, loaded from a Hub id, or whose folder holds no
+    tokenizer that loads: then there is nothing to compare, and generate relies on the ``tokenizer=`` it is given."""
+    path = getattr(getattr(target, "config", None), "_name_or_path", "") or ""
+    if not path or not os.path.isdir(path):
+        return None
+    stamps = tuple(os.path.getmtime(os.path.join(path, f)) for f in _TOKENIZER_FILES
+                   if os.path.isfile(os.path.join(path, f)))
+    if not stamps:
+        return None
+    key = (os.path.realpath(path), stamps)
+    if key not in _TARGET_FINGERPRINTS:
+        from transformers import AutoTokenizer
+
+        try:
+            _TARGET_FINGERPRINTS[key] = tokenizer_sha256(AutoTokenizer.from_pretrained(path, local_files_only=True))
+        except Exception:  # noqa: BLE001 - a folder whose tokenizer does not load has none at hand to compare
+            _TARGET_FINGERPRINTS[key] = None
+    fingerprint = _TARGET_FINGERPRINTS[key]
+    return None if fingerprint is None else (fingerprint, path)
 
 
 def target_rows(target) -> int:

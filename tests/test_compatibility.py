@@ -87,3 +87,42 @@ def test_first_line_is_one_helper():
     assert first_line(err, with_type=True) == "ValueError: first line"
     assert first_line(KeyError()) == "KeyError" and first_line(RuntimeError(""), with_type=True) == "RuntimeError: "
     assert first_line(ValueError("x" * 300), 50) == "x" * 47 + "..."
+
+
+def _word_tokenizer(swap: bool = False):
+    """A real (saveable) tokenizer over the tiny vocabulary; ``swap`` exchanges two ids (same size, other table)."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(VOCAB)}
+    if swap:
+        vocab["t5"], vocab["t6"] = 6, 5
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0")))
+
+
+def test_generate_compares_the_tokenizer_saved_with_the_target(tmp_path):
+    """No tokenizer= passed: generate compares the tokenizer saved beside the target (its folder) with the one the
+    drafter was trimmed with, and refuses another in one line naming the folder (this ran silently, every draft
+    wasted); the same tokenizer, or a target with no folder at hand, runs."""
+    from hf_vocabspec.compatibility import target_tokenizer_fingerprint
+
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(llama_config()).eval()
+    drafter = trim_drafter(LlamaForCausalLM(llama_config()).eval(), range(3, 30), tokenizer=_word_tokenizer())
+    for name, swap in (("same", False), ("other", True)):
+        target.save_pretrained(tmp_path / name)
+        _word_tokenizer(swap).save_pretrained(tmp_path / name)
+    prompt = torch.tensor([[3, 4, 5, 6]])
+    kw = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=4, do_sample=False, assistant_model=drafter)
+    ref = target.generate(prompt, attention_mask=kw["attention_mask"], max_new_tokens=4, do_sample=False)
+    assert torch.equal(target.generate(prompt, **kw), ref)  # built in memory: nothing at hand to compare
+    same = LlamaForCausalLM.from_pretrained(tmp_path / "same").eval()
+    assert target_tokenizer_fingerprint(same) == (tokenizer_sha256(_word_tokenizer()), str(tmp_path / "same"))
+    assert torch.equal(same.generate(prompt, **kw), ref)
+    other = LlamaForCausalLM.from_pretrained(tmp_path / "other").eval()
+    with pytest.raises(DrafterMismatchError) as err:
+        other.generate(prompt, **kw)
+    line = str(err.value)
+    assert "fingerprints differ" in line and f"saved with the target ({tmp_path / 'other'})" in line
+    assert "trim_drafter" in line and "\n" not in line
+    assert torch.equal(other.generate(prompt, tokenizer=_word_tokenizer(), **kw), ref)  # the tokenizer given decides

@@ -38,7 +38,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .. import verify_head as _verify_head
 from .._versions import check, supported_range
-from ..compatibility import check_compatibility, target_rows
+from ..compatibility import DEFAULT_FIX, check_compatibility, target_rows, target_tokenizer_fingerprint
 from ..configuration import (
     check_batched_speculation,
     check_constrain_drafts,
@@ -109,7 +109,13 @@ def check_trimmed_assistant(target, drafter: TrimmedDrafter, generation_config, 
                           (drafter.generation_config, "drafter.generation_config.{}")):
         if config is not None:
             check_drafting_settings(config, where)
-    check_compatibility(drafter, target=target, tokenizer=mode_kwargs.get("tokenizer"))
+    tokenizer = mode_kwargs.get("tokenizer")
+    check_compatibility(drafter, target=target, tokenizer=tokenizer)
+    if tokenizer is None:  # no tokenizer passed: compare the one saved with the target, where one is at hand
+        at_hand = target_tokenizer_fingerprint(target)
+        if at_hand is not None:
+            check_compatibility(drafter, tokenizer=at_hand[0],
+                                fix=f"it is the tokenizer saved with the target ({at_hand[1]}); {DEFAULT_FIX}")
 
 
 SSD_BATCH_ONE = ("SSD runs at batch 1 (this call has {rows} rows: prompts x num_return_sequences): call generate once "
