@@ -95,9 +95,9 @@ def test_every_read_goes_through_the_counter(pair, kw, direct_reads):
 
 def test_power_a_direct_read_is_caught(pair, direct_reads, monkeypatch):
     """The audit sees a read that bypasses the counter (a test that cannot fail is a defect): a stray
-    ``rows.tolist()`` compiled as if it were a line of engine.py."""
+    ``pad_cols.tolist()`` compiled as if it were a line of engine.py."""
     scope = {}
-    exec(compile("def stray(self):\n    self.rows.tolist()\n", os.path.join(GENERATION, "engine.py"), "exec"), scope)
+    exec(compile("def stray(self):\n    self.pad_cols.tolist()\n", os.path.join(GENERATION, "engine.py"), "exec"), scope)
     original = engine.SpeculativeEngine._remaining
 
     def remaining(self):

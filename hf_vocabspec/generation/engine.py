@@ -347,19 +347,19 @@ class SpeculativeEngine:
         self.committed_ids = input_ids
         self.unfinished: list[bool] = [True] * B  # per original row: not finished by a criterion (or its end)
         # Compute state (the rows still being generated). seq is right-aligned; pad[b] masked columns on the left.
-        # ``rows`` / ``pad_cols`` live on the device with host copies (``row_list`` / ``pad_list``): the loop decides
-        # on the host copies, so that it reads the device once per round (generation/host.py).
+        # ``pad_cols`` lives on the device (masks, positions) with a host copy (``pad_list``); the original row of each
+        # computing row is a host list (``row_list``): the loop decides on host values, so that it reads the device
+        # once per round (generation/host.py).
         self.seq = input_ids.clone()
         self.pad_cols = (P - mask.sum(dim=1)).long()
         self.pad_list: list[int] = read(self.pad_cols, self.stats, setup=True)
-        self.rows = torch.arange(B, device=self.device)  # original row of each computing row
-        self.row_list: list[int] = list(range(B))
+        self.row_list: list[int] = list(range(B))  # original row of each computing row
         self.emitted: list[int] = []  # tokens emitted since the drafter's context tokens were last updated
         # Stepwise: per original row, its verified but not yet decided positions (``_Pending``), one per token at
         # the end of seq that is still tentative (a draft the batch has not reached yet).
         self.chain: list[list[_Pending]] = [[] for _ in range(B)]
         if self.step.vocab is not None:  # the prompts' own tokens (padding excluded)
-            self.step.vocab.add(input_ids[mask.bool()])
+            self.step.vocab.add(input_ids[mask.bool()], self.stats)
         self.drafted_len = 0  # columns of seq the drafter cache holds
         self.setting = (id(target), self.do_sample, self.L, schedule, len(self.processors))
         try:
@@ -609,7 +609,7 @@ class SpeculativeEngine:
         keep_idx = [i for i, r in enumerate(self.row_list) if self.ended[r] is None and self.finished_at[r] is None]
         if len(keep_idx) < len(self.row_list):
             sel = upload(keep_idx, self.device)
-            self.rows, self.pad_cols = self.rows[sel], self.pad_cols[sel]
+            self.pad_cols = self.pad_cols[sel]
             self.row_list = [self.row_list[i] for i in keep_idx]
             self.pad_list = [self.pad_list[i] for i in keep_idx]
             kept, new = [kept[i] for i in keep_idx], [new[i] for i in keep_idx]

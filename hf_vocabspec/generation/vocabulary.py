@@ -89,24 +89,16 @@ class DraftVocabulary:
         self.scanned = input_ids.shape[1]
         self.add(new)
 
-    def add(self, new: torch.Tensor) -> None:
-        """Add the pruned ids among ``new`` (any shape) as context tokens; call between rounds only."""
-        if not self.use_context:
-            return
-        room = self.max_context - self.num_context
-        if room <= 0 or new.numel() == 0:
-            return
-        new = new.reshape(-1)
-        new = new[new < self.t2d.numel()]  # a padded target's rows past the drafter's ids have no head row
-        new = torch.unique(new[self.t2d[new] < 0])[:room]
-        if new.numel() == 0:
-            return
-        self._known = None
-        self._append(new)
+    def add(self, new: torch.Tensor, stats=None) -> None:
+        """Add the pruned ids among ``new`` (any shape) as context tokens; call between rounds only. One read of
+        ``new`` (counted in ``stats`` as a per-call read), then :meth:`add_ids`."""
+        if self.use_context and new.numel() and self.num_context < self.max_context:
+            self.add_ids(read(new.reshape(-1), stats, setup=True), stats)
 
     def add_ids(self, new: list[int], stats=None) -> None:
-        """``add`` for a host list (the engine's emitted tokens): the pruned ids are found on the host, against a
-        copy of ``ids`` read once per call; no device read per round."""
+        """Add the pruned ids among the host list ``new`` (the engine's emitted tokens) as context tokens, at most
+        up to ``max_context``, in ascending id order: they are found on the host, against a copy of ``ids`` read
+        once per call; no device read per round."""
         if not self.use_context:
             return
         room = self.max_context - self.num_context
