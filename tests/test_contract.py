@@ -259,7 +259,7 @@ def test_power_row_by_row_processing_differs(monkeypatch):
 
     def row_by_row(self, logits, drafts):
         out = logits.clone()
-        for i, r in enumerate(self.rows.tolist()):
+        for i, r in enumerate(self.row_list):
             for j in range(logits.shape[1]):
                 out[i, j] = self.processors(self.prompt[r : r + 1], logits[i : i + 1, j])[0]
         return out
