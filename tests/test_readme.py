@@ -6,6 +6,10 @@ A block may be preceded by an HTML comment that the harness reads (and a reader 
     <!-- readme-test: name=api -->            other blocks can say after=api (its code runs first, same process)
     <!-- readme-test: after=api hub -->       needs a Hub: the test starts tests/hub_server.py and sets
                                               HF_ENDPOINT/HF_TOKEN for the process (the block sets nothing)
+    <!-- readme-test: shrink=max_sequences=100->max_sequences=8 -->
+                                              the test runs the block with that text replaced (it must occur
+                                              exactly once): a user's size shrunk by the block's own argument,
+                                              as the shell commands are shrunk by their own options
 
 Blocks that load real models (``offline:`` names, directly or through ``after=``) are integration tests;
 the others run in the fast suite. Sections added later are picked up automatically. The fast suite also checks
@@ -40,10 +44,19 @@ class Block:
     name: str | None = None
     after: list[str] = field(default_factory=list)
     hub: bool = False
+    shrink: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def id(self) -> str:
         return f"README.md:{self.line}" + (f"[{self.name}]" if self.name else "")
+
+    @property
+    def run_code(self) -> str:
+        """The code the test runs: the block with its ``shrink=`` replacements."""
+        code = self.code
+        for old, new in self.shrink:
+            code = code.replace(old, new)
+        return code
 
 
 def python_blocks(text: str) -> list[Block]:
@@ -71,6 +84,11 @@ def python_blocks(text: str) -> list[Block]:
                         block.after += word[6:].split(",")
                     elif word == "hub":
                         block.hub = True
+                    elif word.startswith("shrink=") and "->" in word:
+                        old, new = word[7:].split("->", 1)
+                        if block.code.count(old) != 1:
+                            raise ValueError(f"README.md:{start}: shrink text {old!r} must occur once in the block")
+                        block.shrink.append((old, new))
                     else:
                         raise ValueError(f"README.md:{start}: unknown readme-test word {word!r}")
             blocks.append(block)
@@ -141,6 +159,13 @@ def test_python_blocks_parser_finds_indented_blocks_and_directives():
     assert (a.name, a.code, b.after, b.hub, b.code) == ("a", "A = 1", ["a"], True, "print(A)")
 
 
+def test_shrink_replaces_its_text_once_and_refuses_text_the_block_lacks():
+    (b,) = python_blocks("<!-- readme-test: shrink=n=100->n=8 -->\n```python\nf(n=100)\n```\n")
+    assert (b.code, b.run_code) == ("f(n=100)", "f(n=8)")
+    with pytest.raises(ValueError, match="must occur once"):
+        python_blocks("<!-- readme-test: shrink=n=50->n=8 -->\n```python\nf(n=100)\n```\n")
+
+
 def test_undefined_names_catches_the_old_five_lines():
     old = "import hf_vocabspec\ndrafter = hf_vocabspec.x(dtype=torch.bfloat16)\nout = t.generate(**inputs)\n"
     assert _undefined_names(old) == {"torch", "inputs", "t"}
@@ -177,7 +202,7 @@ class Chain:
     def script(self) -> str:
         """One script; before each block a line on stderr names it, so a failure names its block."""
         return "import sys as _readme_sys\n" + "\n".join(
-            f"print('@@ {b.id}', file=_readme_sys.stderr, flush=True)\n# --- {b.id}\n{b.code}" for b in self.blocks) + "\n"
+            f"print('@@ {b.id}', file=_readme_sys.stderr, flush=True)\n# --- {b.id}\n{b.run_code}" for b in self.blocks) + "\n"
 
 
 def chains(blocks: list[Block]) -> list[Chain]:
