@@ -384,6 +384,82 @@ def test_xgrammar_sampled_rows_are_valid(client_pair, batch):
             assert matcher.accept_token(t), tok.decode(row)
 
 
+def _forced_law_case(client_pair, n=1200, batch=6):
+    """Tokens 1-2 sampled under a JSON schema whose first tokens the grammar forces (``{"name": "``): the exact law
+    (target-only with xgrammar's processor, computed) and the draws with the drafter (forced drafts, point-mass q)."""
+    import xgrammar as xgr
+    from xgrammar.contrib.hf import LogitsProcessor as XgrProcessor
+
+    target, drafter, tok = client_pair
+    compiled = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok, vocab_size=target.config.vocab_size)
+                                   ).compile_json_schema(json.dumps(SCHEMA), any_whitespace=False)
+    ids = _encode(tok, 1)["input_ids"]
+    V = target.config.vocab_size
+
+    def masked(ctx, tokens):
+        matcher = xgr.GrammarMatcher(compiled)
+        assert all(matcher.accept_token(t) for t in tokens)
+        bitmask = xgr.allocate_token_bitmask(1, V)
+        matcher.fill_next_token_bitmask(bitmask, 0)
+        logits = target(ctx).logits[:, -1].float()
+        xgr.apply_token_bitmask_inplace(logits, bitmask)
+        return logits.softmax(-1)[0].double()
+
+    with torch.no_grad():
+        p1 = masked(ids, [])
+        p2 = sum(p1[t] * masked(torch.cat([ids, torch.tensor([[t]])], dim=1), [t]) for t in p1.nonzero()[:, 0].tolist())
+    torch.manual_seed(3)
+    draws, forced = [], 0
+    for _ in range(n // batch):
+        out = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, top_k=0, max_new_tokens=3,
+                              num_return_sequences=batch, assistant_model=drafter,
+                              logits_processor=[XgrProcessor(compiled)])
+        draws.append(out[:, ids.shape[1] : ids.shape[1] + 2])
+        forced += drafter.last_speculation_stats.forced_proposed
+    samples = torch.cat(draws)
+    return chi2_pvalue(samples[:, 0], p1), chi2_pvalue(samples[:, 1], p2), forced
+
+
+def test_sampled_law_is_exact_with_forced_drafts(client_pair):
+    """Forced drafts (the grammar's jump-forward tokens, drafted without a drafter forward) carry a point-mass q:
+    the first two tokens' law stays target-only's (chi-square, marginals.py threshold)."""
+    first, second, forced = _forced_law_case(client_pair)
+    assert forced > 0
+    assert min(first, second) >= PVALUE_THRESHOLD, (first, second)
+
+
+def test_power_a_wrong_law_for_forced_drafts_fails(client_pair, monkeypatch):
+    """Forced drafts verified as if drawn uniformly (q = 1/n_ids instead of a point mass) are accepted almost
+    always: the same check must fail."""
+    monkeypatch.setattr(engine.SpeculativeEngine, "_point_mass",
+                        lambda self, idx: torch.full((*idx.shape, self.step.draft_width()), 1.0 / self.step.draft_width()))
+    first, second, forced = _forced_law_case(client_pair)
+    assert forced > 0
+    assert min(first, second) < PVALUE_THRESHOLD, (first, second)
+
+
+def test_forced_drafts_cost_no_drafter_forward_and_keep_greedy_identity(client_pair):
+    """A JSON schema's keys are drafted without drafter forwards (fewer draft steps than drafts), greedy output
+    identical to target-only with the same processor; with forcing off (FORCED_ROOM = 0) none is forced."""
+    import xgrammar as xgr
+    from xgrammar.contrib.hf import LogitsProcessor as XgrProcessor
+
+    target, drafter, tok = client_pair
+    compiled = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok, vocab_size=target.config.vocab_size)
+                                   ).compile_json_schema(json.dumps(SCHEMA), any_whitespace=False)
+    enc = _encode(tok, 1)
+    kw = dict(max_new_tokens=16, do_sample=False)
+    ref = target.generate(**enc, **kw, logits_processor=[XgrProcessor(compiled)])
+    out = target.generate(**enc, **kw, assistant_model=drafter, logits_processor=[XgrProcessor(compiled)])
+    stats = drafter.last_speculation_stats
+    assert torch.equal(out, ref) and stats.forced_proposed >= 2
+    assert stats.draft_steps < stats.proposed
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine, "FORCED_ROOM", 0)
+        out = target.generate(**enc, **kw, assistant_model=drafter, logits_processor=[XgrProcessor(compiled)])
+    assert torch.equal(out, ref) and drafter.last_speculation_stats.forced_proposed == 0
+
+
 def test_xgrammar_replay_has_power(client_pair):
     """The replay above rejects a row the grammar forbids."""
     import xgrammar as xgr

@@ -10,8 +10,10 @@ constraint is the drafter's OWN copy of the grammar state, built from what the c
     allowed(row) -> (V,) bool over target ids, or None (unconstrained: finished, or lost its way)
     accept(row, token) -> bool   advance the row by one token (a draft, or a decided token); False: not allowed
     rollback(row, n)         take back the row's last n accepted tokens
+    forced(row) -> list[int] (optional) target ids the grammar determines from here, in the tokenization the
+                             model most likely emits; the engine drafts them without a drafter forward
 
-Any object with these four methods is a draft constraint (a client can implement it); :func:`draft_constraint_for`
+Any object with the first four methods is a draft constraint (a client can implement it); :func:`draft_constraint_for`
 builds one for the clients we know. The engine keeps each row's constraint on the row's sequence (decided tokens
 plus its undecided drafts) by rolling back what verification dropped. The output never depends on it: it only
 changes which drafts are proposed (q is the law they were drawn from, masked included), so it costs or saves
@@ -24,6 +26,9 @@ import torch
 
 # Rollback depth the draft copies keep (a row's undecided drafts plus one round's).
 MAX_ROLLBACK = 64
+
+
+_LOOKUPS: dict[int, tuple] = {}  # XgrammarDraft.forced: one spelling table (its grammar kept alive with it)
 
 
 def _unpack(bitmask: torch.Tensor, size: int) -> torch.Tensor:
@@ -62,6 +67,49 @@ class XgrammarDraft:
     def rollback(self, row: int, n: int) -> None:
         if n:
             self.matchers[row].rollback(n)
+
+    def forced(self, row: int) -> list[int]:
+        """The grammar's jump-forward string from here (xgrammar's ``find_jump_forward_string``: a JSON key and
+        the punctuation around it), tokenized by longest match over the tokens the grammar allows, LESS its last
+        token (it may merge with the free text that follows: ``' '`` + ``'true'`` is ``' true'``). Empty where
+        the string takes fewer than two tokens."""
+        matcher = self.matchers[row]
+        if matcher.is_terminated():
+            return []
+        rest = matcher.find_jump_forward_string().encode()
+        if not rest:
+            return []
+        lookup, longest = self._lookup()
+        probe, out = matcher.fork(), []
+        while rest:
+            for n in range(min(len(rest), longest), 0, -1):
+                token = lookup.get(rest[:n])
+                if token is not None:
+                    break
+            else:
+                break
+            if not probe.accept_token(token):
+                break
+            out.append(token)
+            rest = rest[n:]
+        return out[:-1]
+
+    def _lookup(self) -> tuple[dict[bytes, int], int]:
+        """bytes -> the first token id spelling them, over the grammar's tokenizer (built once per compiled grammar,
+        which callers reuse across calls; the entry keeps the grammar alive, so its id stays its own)."""
+        grammar = self.grammars[0]
+        key = id(grammar)
+        if key not in _LOOKUPS:
+            info = grammar.tokenizer_info
+            table: dict[bytes, int] = {}
+            special = set(info.special_token_ids)
+            for i, spelled in enumerate(info.decoded_vocab):
+                if spelled and i not in special:
+                    table.setdefault(spelled, i)
+            _LOOKUPS.clear()  # one tokenizer at a time (a table is ~10 MB for a 150k vocabulary)
+            _LOOKUPS[key] = (table, max(map(len, table)), grammar)
+        table, longest, _ = _LOOKUPS[key]
+        return table, longest
 
 
 class OutlinesCoreDraft:
@@ -109,6 +157,12 @@ class TrackedConstraint:
 
     def allowed(self, row: int):
         return None if self.off[row] or self.stuck[row] else self.constraint.allowed(row)
+
+    def forced(self, row: int) -> list[int]:
+        """Tokens the row's grammar determines from here (the constraint's optional ``forced``), or []."""
+        if self.off[row] or self.stuck[row] or not hasattr(self.constraint, "forced"):
+            return []
+        return self.constraint.forced(row)
 
     def draft(self, row: int, token: int) -> None:
         """A drafted token (tentative: ``sync`` takes back what verification drops)."""

@@ -215,6 +215,12 @@ class DraftStep:
                          **{cache_kwarg(self.model): cache})
         return out.logits[:, -1].float()
 
+    def draft_width(self) -> int:
+        """Width of the draft-space law (kept ids + context tokens; an untrimmed assistant's logits)."""
+        if self.vocab is not None:
+            return int(self.vocab.ids.numel())
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft-space logits of hidden states (trimmed drafters; SSD's tree steps)."""
         return self.vocab.logits(hidden).float()

@@ -89,6 +89,9 @@ FRESH_ROWS = 0.75
 FRESH_ITERATIONS = 64
 # Measurements are remembered for this many later calls with the same drafter, target and settings.
 MEMORY_CALLS = 8
+# Drafts a round may add beyond L where the grammar forces them (``_draft``: forced drafts cost no drafter forward;
+# the verify forward stays within about 16 positions, which cost about one decode step with the fast linears).
+FORCED_ROOM = 10
 # Cache layer types (a config's ``layer_types``) the engine can roll back row by row.
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "indexed_attention", "conv",
                          "dummy", "moe", "mlp")
@@ -451,31 +454,59 @@ class SpeculativeEngine:
         return [torch.cat([self.prompt[r], upload(self.gen[r] + [e.draft for e in self.chain[r]], self.device)])
                 for r in self.row_list]
 
-    def _draft(self, L: int):
-        """Up to L drafts per row: (draft indices (B, L), laws (B, L, n_ids) or None, target ids (B, L), drafts
-        each row proposes (B,)). A row stops proposing after an unsure draft or an EOS (on the device: no read).
-        The batch stops drafting when every row has stopped only where a confidence stop is set (one read per
+    def _draft(self, L: int, cap: int | None = None):
+        """Up to L drafter forwards per row: (draft indices (B, n), laws (B, n, n_ids) or None, target ids (B, n),
+        drafts each row proposes (B,)). A row stops proposing after an unsure draft or an EOS (on the device: no
+        read). The batch stops drafting when every row has stopped only where a confidence stop is set (one read per
         drafted position: the early stop is what the threshold buys) or a draft constraint reads each draft
         anyway; otherwise it drafts all L positions with no read (past an EOS the drafts are simply not
-        proposed: exact, at the cost of a few drafter steps at the end of a sequence)."""
+        proposed: exact, at the cost of a few drafter steps at the end of a sequence).
+
+        Forced drafts: where the draft constraint says the grammar determines the next tokens of EVERY row
+        (``forced``: a JSON key, the punctuation between fields), they are drafted without a drafter forward, up to
+        ``cap`` drafts in all (they do not count against L), and fed to the drafter with its next forward (a
+        forward of a few positions costs about one step). Their law is a point mass (a draft the drafter's side
+        chose without drawing), so verification stays exact under sampling too; the target's own grammar
+        decides whether they are accepted."""
+        force = cap is not None and self.constraint is not None and self.step.rdk is None
+        cap = L if cap is None else max(cap, L)
         T = self.seq.shape[1]
-        to_feed = self.seq[:, self.drafted_len :]
+        fed = self.drafted_len  # columns of seq + drafts the drafter cache holds
+        to_feed = self.seq[:, fed:]
         contexts = self._contexts()
         row_ids = self.row_list
         idxs, probs, tokens = [], [], []
-        proposes = torch.full((len(row_ids),), L, dtype=torch.long, device=self.device)
+        proposes = torch.full((len(row_ids),), cap, dtype=torch.long, device=self.device)
         stopped = torch.zeros(len(row_ids), dtype=torch.bool, device=self.device)
         watch = self.step.confidence_threshold > 0 or self.constraint is not None
-        for s in range(L):
+        n = forwards = 0
+        while forwards < L and n < cap:
+            forced = self._forced(row_ids, cap - n) if force else None
+            if forced is not None:  # drafts the grammar determines: no drafter forward
+                idx, token = forced
+                k = token.shape[1]
+                idxs.append(idx)
+                tokens.append(token)
+                if self.do_sample:
+                    probs.append(self._point_mass(idx))
+                to_feed = torch.cat([to_feed, token], dim=1)
+                if contexts is not None:
+                    contexts = [torch.cat([c, t]) for c, t in zip(contexts, token)]
+                n += k
+                self.stats.forced_proposed += k * len(row_ids)
+                continue
             d = self._draft_forward(to_feed, contexts, row_ids)
+            forwards += 1
+            fed = T + n
             idxs.append(d.idx)
             tokens.append(d.token)
             if d.probs is not None:
-                probs.append(d.probs)
+                probs.append(d.probs[:, None])
+            n += 1
             ends = d.unsure
             if self.eos is not None:
                 ends = ends | torch.isin(d.token[:, 0], self.eos)
-            proposes = torch.where(~stopped & ends, s + 1, proposes)
+            proposes = torch.where(~stopped & ends, n, proposes)
             stopped |= ends
             to_feed = d.token
             if self.constraint is not None:  # the grammar advances on each draft: one read per drafted position
@@ -488,11 +519,33 @@ class SpeculativeEngine:
                 break
             if contexts is not None:
                 contexts = [torch.cat([c, tok]) for c, tok in zip(contexts, d.token)]
-        n = len(idxs)
         proposes.clamp_(max=n)
-        self.drafted_len = T + n - 1
-        return (torch.cat(idxs, dim=1), torch.stack(probs, dim=1) if probs else None, torch.cat(tokens, dim=1),
+        self.drafted_len = fed
+        return (torch.cat(idxs, dim=1), torch.cat(probs, dim=1) if probs else None, torch.cat(tokens, dim=1),
                 proposes)
+
+    def _point_mass(self, idx: torch.Tensor) -> torch.Tensor:
+        """(B, k, n_ids) the law of forced drafts: all mass on the draft chosen (no draw was made)."""
+        return torch.nn.functional.one_hot(idx, self.step.draft_width()).float()
+
+    def _forced(self, row_ids: list[int], room: int):
+        """(draft indices (B, k), target ids (B, k)) of the next k tokens the draft constraint says the grammar
+        determines for every computing row (k = the shortest row's run, at most ``room``), or None. Each row's
+        constraint advances by them. Only tokens the draft space holds are forced (a drafted index must exist)."""
+        runs = [self.constraint.forced(r) for r in row_ids]
+        k = min(min(len(run) for run in runs), room)
+        if k < 1:
+            return None
+        token = torch.tensor([run[:k] for run in runs], dtype=torch.long)
+        idx = self.step.vocab.draft_index(token) if self.step.vocab is not None else token
+        has = (idx >= 0).all(dim=0)  # host tensors: no device read
+        k = int(has.long().cumprod(0).sum())
+        if k < 1:
+            return None
+        for r, run in zip(row_ids, runs):
+            for t in run[:k]:
+                self.constraint.draft(r, t)
+        return idx[:, :k].to(self.device), token[:, :k].to(self.device)
 
     def _verify(self, idx, q, drafts, p_logits, proposes) -> _Round:
         """Accepted drafts per row and the target's next token (exact for greedy and sampling)."""
@@ -746,9 +799,10 @@ class SpeculativeEngine:
         draft_rows = None
         if L:
             self._take_context()
-            _, q, drafts, proposes = self._draft(L)
+            cap = min(L + FORCED_ROOM, self._remaining() - 1) if self.constraint is not None and FORCED_ROOM else None
+            _, q, drafts, proposes = self._draft(L, cap)
             seen = read(torch.cat([proposes[:, None], drafts], dim=1), self.stats)  # one read of the drafts
-            props = [min(o[0], max(self.L - t, 0)) for o, t in zip(seen, tentative)]
+            props = [min(o[0], max(max(self.L, drafts.shape[1]) - t, 0)) for o, t in zip(seen, tentative)]
             draft_rows = [o[1:] for o in seen]
         t_draft = time.perf_counter()
         fresh = self.seq[:, self.target_cache.length :]

@@ -27,6 +27,7 @@ class SpeculationStats:
     draft_steps: int = 0
     pruned_proposed: int = 0  # RDK draws that landed on a pruned token
     context_proposed: int = 0  # drafts of pruned tokens taken from the context (context tokens)
+    forced_proposed: int = 0  # drafts the draft constraint's grammar forced (no drafter forward; generation/constraints.py)
     row_rounds: int = 0  # (row, round) pairs; equals rounds at batch 1
     plain_steps: int = 0  # target-only decode steps of the batched loop (fallback or probe)
     batch_size: int = 0
