@@ -3,7 +3,8 @@ with the SAME constraint (xgrammar's HF processor, a fresh one per call), greedy
 
 Methods, interleaved prompt by prompt and repeated (the first repeat warms up and is dropped):
 - target-only + schema; speculative + schema with the draft constraint (the drafter's own copy of the grammar,
-  the default); speculative + schema without it (``constrain_drafts = False``);
+  the default, with forced drafts: the grammar's jump-forward tokens drafted without a drafter forward), the same
+  without forced drafts (``engine.FORCED_ROOM = 0``), speculative + schema without it (``constrain_drafts = False``);
 - target-only and speculative without a schema (the unconstrained speedup on the same prompts).
 Prints a markdown table naming the machine: tokens/s median and range, ratio to target-only with the same
 constraint, acceptance (accepted / proposed drafts, tau), and whether every output equals target-only's.
