@@ -78,6 +78,7 @@ def main() -> None:
     ap.add_argument("--batch-sizes", type=int, nargs="*", default=[],
                     help="also time target-only vs speculative, both with the schema, on the first B prompts as one "
                          "left-padded batch, for each B (needs --prompts >= B)")
+    ap.add_argument("--batched-only", action="store_true", help="only the --batch-sizes table (skip the batch-1 methods)")
     args = ap.parse_args()
     if args.batch_sizes and max(args.batch_sizes) > args.prompts:
         ap.error(f"--batch-sizes {max(args.batch_sizes)} needs --prompts >= {max(args.batch_sizes)}")
@@ -118,6 +119,13 @@ def main() -> None:
     }
     baseline = {m: ("target-only + schema" if "schema," in m or m.endswith("+ schema") else "target-only, no schema")
                 for m in methods}
+    if args.batched_only:
+        if not args.batch_sizes:
+            ap.error("--batched-only needs --batch-sizes")
+        print(f"Machine: {machine_info()}; target {args.target}, drafter {args.drafter or args.target} "
+              f"{args.drafter_dtype} k={k}, {args.max_new_tokens} new tokens, {args.repeats} repeats, greedy")
+        batched_table(args, target, drafter, tokenizer, grammar, prompts, XgrProcessor)
+        return
     refs = {True: [run(p, None, True) for p in prompts], False: [run(p, None, False) for p in prompts]}
     tps = {m: [] for m in methods}
     identical = {m: True for m in methods}
@@ -169,8 +177,8 @@ def batched_table(args, target, drafter, tokenizer, grammar, prompts, XgrProcess
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     drafter.generation_config.constrain_drafts = True
     print("| batch | target-only + schema tokens/s | speculative + schema tokens/s | ratio median (range) "
-          "| acceptance | identical |")
-    print("|---|---|---|---|---|---|")
+          "| acceptance | forced drafts | decision | identical |")
+    print("|---|---|---|---|---|---|---|---|")
     for b in args.batch_sizes:
         rows = prompts[:b]
         P = max(r.shape[1] for r in rows)
@@ -186,7 +194,7 @@ def batched_table(args, target, drafter, tokenizer, grammar, prompts, XgrProcess
 
         ref = run(None)
         tps = {"t": [], "s": []}
-        same, a, prop = True, 0, 0
+        same, a, prop, forced, decision = True, 0, 0, 0, ""
         with torch.no_grad():
             for rep in range(args.repeats + 1):
                 for key, assistant in (("t", None), ("s", drafter)):
@@ -199,10 +207,12 @@ def batched_table(args, target, drafter, tokenizer, grammar, prompts, XgrProcess
                         if assistant is not None:
                             a += drafter.last_speculation_stats.accepted
                             prop += drafter.last_speculation_stats.proposed
+                            forced += drafter.last_speculation_stats.forced_proposed
+                            decision = drafter.last_speculation_stats.decision
         ratios = [s / t for s, t in zip(tps["s"], tps["t"])]
         print(f"| {b} | {statistics.median(tps['t']):.2f} | {statistics.median(tps['s']):.2f} | "
               f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) | "
-              f"{a / max(prop, 1):.2f} ({a}/{prop}) | {same} |")
+              f"{a / max(prop, 1):.2f} ({a}/{prop}) | {forced} | {decision} | {same} |")
 
 
 if __name__ == "__main__":
