@@ -78,6 +78,8 @@ def main() -> None:
     ap.add_argument("--batch-sizes", type=int, nargs="*", default=[],
                     help="also time target-only vs speculative, both with the schema, on the first B prompts as one "
                          "left-padded batch, for each B (needs --prompts >= B)")
+    ap.add_argument("--num-assistant-tokens", type=int, default=None,
+                    help="the drafter's L (default: the trimmed drafter's own, 5); forced drafts come on top")
     ap.add_argument("--batched-only", action="store_true", help="only the --batch-sizes table (skip the batch-1 methods)")
     args = ap.parse_args()
     if args.batch_sizes and max(args.batch_sizes) > args.prompts:
@@ -91,6 +93,8 @@ def main() -> None:
     k = work.counts.smallest_k_for_coverage(args.coverage)
     base = load_model(args.drafter or args.target, dtype=getattr(torch, args.drafter_dtype))
     drafter = trim_drafter(base, work.counts.top_k(k), tokenizer=tokenizer).eval()
+    if args.num_assistant_tokens is not None:
+        drafter.generation_config.num_assistant_tokens = args.num_assistant_tokens
     info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=target.get_output_embeddings().weight.shape[0])
     grammar = xgr.GrammarCompiler(info).compile_json_schema(json.dumps(SCHEMA), any_whitespace=False)
     prompts = json_prompts(work.held_out, tokenizer, args.prompts)
@@ -123,7 +127,8 @@ def main() -> None:
         if not args.batch_sizes:
             ap.error("--batched-only needs --batch-sizes")
         print(f"Machine: {machine_info()}; target {args.target}, drafter {args.drafter or args.target} "
-              f"{args.drafter_dtype} k={k}, {args.max_new_tokens} new tokens, {args.repeats} repeats, greedy")
+              f"{args.drafter_dtype} k={k}, L={drafter.generation_config.num_assistant_tokens}, "
+              f"{args.max_new_tokens} new tokens, {args.repeats} repeats, greedy")
         batched_table(args, target, drafter, tokenizer, grammar, prompts, XgrProcessor)
         return
     refs = {True: [run(p, None, True) for p in prompts], False: [run(p, None, False) for p in prompts]}
