@@ -536,16 +536,16 @@ class SpeculativeEngine:
         k = min(min(len(run) for run in runs), room)
         if k < 1:
             return None
-        token = torch.tensor([run[:k] for run in runs], dtype=torch.long)
+        token = upload([run[:k] for run in runs], self.device)
         idx = self.step.vocab.draft_index(token) if self.step.vocab is not None else token
-        has = (idx >= 0).all(dim=0)  # host tensors: no device read
-        k = int(has.long().cumprod(0).sum())
+        # how many of them the draft space holds in every row: one counted read (the map lives on the device)
+        k = read((idx >= 0).all(dim=0).long().cumprod(0).sum(), self.stats) if self.step.vocab is not None else k
         if k < 1:
             return None
         for r, run in zip(row_ids, runs):
             for t in run[:k]:
                 self.constraint.draft(r, t)
-        return idx[:, :k].to(self.device), token[:, :k].to(self.device)
+        return idx[:, :k], token[:, :k]
 
     def _verify(self, idx, q, drafts, p_logits, proposes) -> _Round:
         """Accepted drafts per row and the target's next token (exact for greedy and sampling)."""
