@@ -9,9 +9,10 @@ and 8-9 ms for 2-8 rows, while the same weight reordered once into oneDNN's bloc
 vs 1.2-1.7 ms) with identical results.
 
 How: :func:`fast_linears` swaps the ``forward`` of every plain ``nn.Linear`` of the given models while the block
-runs (restored in ``finally``). Nothing is assumed about the machine: for every (dtype, weight shape, bias, rows,
-torch threads) the first calls run ``F.linear`` and the packed kernel in turn on the real data, timed (the trials
-do the real work), and the packed kernel is kept only if its median beats ``F.linear`` by ``MARGIN``. A module's
+runs (restored in ``finally``). Nothing is assumed about the machine: for every (dtype, weight shape, bias, rows
+bucket (:func:`rows_bucket`), torch threads) the first calls run ``F.linear`` and the packed kernel in turn on the
+real data, timed (the trials do the real work), and the packed kernel is kept only if its median beats ``F.linear``
+by ``MARGIN`` (at once after ``EARLY`` calls each where their times do not overlap). A module's
 packed weight is made on its first use and kept, keyed by the weight's storage and version (a changed weight is
 packed again), so later generate calls pay nothing; :func:`release` drops them (the packed copy costs as much
 memory as the weight itself).
@@ -54,12 +55,15 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["MARGIN", "MAX_ROWS", "MEMORY_SHARE", "TRIALS", "FastLinears", "KernelChoice", "KernelKey", "available",
-           "choices", "fast_linears", "packed_linear", "release", "wants_fast_linears"]
+           "choices", "fast_linears", "packed_linear", "release", "rows_bucket", "wants_fast_linears"]
 
 MAX_ROWS = 64
 # Timed calls per candidate (after one untimed call each) before choosing by median, and the speed-up the packed
-# kernel must show over F.linear.
+# kernel must show over F.linear. After EARLY timed calls each, a choice whose candidates' times do not overlap
+# (every packed time beats every F.linear time by MARGIN, or none can) is made at once: a layer called once per
+# forward (the LM head) then runs its slower candidate in 2 forwards instead of 5.
 TRIALS = 5
+EARLY = 2
 MARGIN = 0.9
 _DTYPES = (torch.float32, torch.bfloat16)
 CANDIDATES = ("linear", "packed")
@@ -79,7 +83,7 @@ class KernelKey:
     out_features: int
     in_features: int
     bias: bool
-    rows: int
+    rows: int  # the fast linears key by :func:`rows_bucket`; the verify head by the exact count
     threads: int
 
 
@@ -105,14 +109,26 @@ class KernelChoice:
         """Round-robin over the candidates (the original, listed first, on ties)."""
         return min(self.timings_ms, key=lambda n: len(self.timings_ms[n]))
 
-    def record(self, name: str, ms: float, trials: int, margin: float) -> None:
+    def record(self, name: str, ms: float, trials: int, margin: float, early: int | None = None) -> None:
         """Add one timed call; once every candidate has ``trials``, keep the fastest other kernel by median if it
-        beats ``F.linear`` by ``margin``, else ``F.linear``."""
+        beats ``F.linear`` by ``margin``, else ``F.linear``. With ``early``: once every candidate has ``early``
+        timed calls, decide at once where the times do not overlap (the same answer the medians would give)."""
         self.timings_ms[name].append(ms)
-        if self.chosen is None and all(len(t) >= trials for t in self.timings_ms.values()):
+        if self.chosen is not None:
+            return
+        counts = [len(t) for t in self.timings_ms.values()]
+        if all(n >= trials for n in counts):
             best = min((n for n in self.timings_ms if n != "linear"), key=self.median_ms)
             keep = self.median_ms(best) < margin * self.median_ms("linear")
             self.chosen = best if keep else "linear"
+        elif early is not None and all(n >= early for n in counts):
+            linear = self.timings_ms["linear"]
+            others = {n: t for n, t in self.timings_ms.items() if n != "linear"}
+            best = min(others, key=self.median_ms)
+            if max(others[best]) < margin * min(linear):
+                self.chosen = best
+            elif all(min(t) >= margin * max(linear) for t in others.values()):
+                self.chosen = "linear"
 
 
 _CHOICES: dict[KernelKey, KernelChoice] = {}
@@ -159,6 +175,13 @@ def _run(name: str, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, module.weight, module.bias)
 
 
+def rows_bucket(rows: int) -> int:
+    """The row count a choice is keyed by: 1 and 2 as they are, then the next power of two (3-4, 5-8, ..., 33-64).
+    A verify's width varies round by round (L + 1, fewer near the end, more with forced drafts); one choice per
+    bucket is trialled once instead of once per width (measured: the packed kernel's lead holds across 2-16 rows)."""
+    return rows if rows <= 2 else 1 << (rows - 1).bit_length()
+
+
 def packed_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``module(x)`` with the kernel measured fastest for its key (trials while undecided)."""
     weight = module.weight
@@ -169,7 +192,7 @@ def packed_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     ):
         return F.linear(x, weight, module.bias)
     key = KernelKey("cpu", str(weight.dtype).removeprefix("torch."), weight.shape[0], weight.shape[1],
-                    module.bias is not None, rows, torch.get_num_threads())
+                    module.bias is not None, rows_bucket(rows), torch.get_num_threads())
     choice = _CHOICES.get(key)
     if choice is not None and choice.chosen is not None:
         return _run(choice.chosen, module, x)
@@ -186,7 +209,7 @@ def packed_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if not warm:  # a kernel's first call for a shape builds its primitive (oneDNN JIT): not its steady cost
         return out
     with _LOCK:
-        choice.record(name, elapsed, TRIALS, MARGIN)
+        choice.record(name, elapsed, TRIALS, MARGIN, EARLY)
     return out
 
 

@@ -96,7 +96,9 @@ def run(args) -> list[dict]:
 def draft_steps(args, chats) -> list[dict]:
     """The draft step alone, trimmed vs untrimmed, in vLLM and in transformers in this same process: each drafter
     decodes ``--max-tokens`` tokens greedily by itself at batch 1 (vLLM: our model class served as the main model;
-    transformers: ``TrimmedDrafter`` / the plain model, ``F.linear``), ms per token, median of ``--repeats``."""
+    transformers: ``TrimmedDrafter`` / the plain model, ``F.linear``), ms per token. Both drafters stay loaded and
+    their timed runs alternate (ABBA...) ``--repeats`` times, because this host's speed drifts by +-25% between
+    runs: the ratio is the median of the per-repeat ratios, with its range."""
     import statistics
 
     import torch
@@ -105,41 +107,54 @@ def draft_steps(args, chats) -> list[dict]:
 
     from hf_vocabspec import TrimmedDrafter
 
-    n, rows = args.max_tokens, []
-    prompt = chats[0]
-    for name, path in (("untrimmed drafter", args.untrimmed), ("trimmed drafter", args.drafter)):
-        llm = LLM(model=str(path), dtype=args.dtype, enforce_eager=True, max_model_len=1024, seed=0,
-                  distributed_executor_backend="uni", kv_cache_memory_bytes=512 << 20)
-        sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    n, prompt = args.max_tokens, chats[0]
+    paths = {"untrimmed drafter": args.untrimmed, "trimmed drafter": args.drafter}
+
+    def alternate(run_once) -> dict[str, list[float]]:
+        got = {name: [] for name in paths}
+        for r in range(args.repeats):
+            for name in (list(paths) if r % 2 == 0 else list(paths)[::-1]):
+                t0 = time.perf_counter()
+                run_once(name)
+                got[name].append(1000 * (time.perf_counter() - t0) / n)
+        return got
+
+    llms = {name: LLM(model=str(path), dtype=args.dtype, enforce_eager=True, max_model_len=1024, seed=0,
+                      distributed_executor_backend="uni", kv_cache_memory_bytes=512 << 20)
+            for name, path in paths.items()}
+    sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    for llm in llms.values():
         llm.generate([TokensPrompt(prompt_token_ids=prompt)], SamplingParams(temperature=0.0, max_tokens=4),
                      use_tqdm=False)
-        times = []
-        for _ in range(args.repeats):
-            t0 = time.perf_counter()
-            llm.generate([TokensPrompt(prompt_token_ids=prompt)], sp, use_tqdm=False)
-            times.append(time.perf_counter() - t0)
-        vllm_ms = 1000 * statistics.median(times) / n
-        del llm
-        gc.collect()
-        cls = TrimmedDrafter if name.startswith("trimmed") else AutoModelForCausalLM
-        model = cls.from_pretrained(path, dtype=getattr(torch, args.dtype)).eval()
-        ids = torch.tensor([prompt])
-        with torch.no_grad():
+    vllm_ms = alternate(lambda name: llms[name].generate([TokensPrompt(prompt_token_ids=prompt)], sp,
+                                                         use_tqdm=False))
+    del llms
+    gc.collect()
+    models = {name: (TrimmedDrafter if name.startswith("trimmed") else AutoModelForCausalLM).from_pretrained(
+        path, dtype=getattr(torch, args.dtype)).eval() for name, path in paths.items()}
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        for model in models.values():
             model.generate(ids, max_new_tokens=4, do_sample=False)
-            times = []
-            for _ in range(args.repeats):
-                t0 = time.perf_counter()
-                model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
-                times.append(time.perf_counter() - t0)
-        hf_ms = 1000 * statistics.median(times) / n
-        del model
-        gc.collect()
-        row = {"draft_step": name, "vllm_ms_per_token": round(vllm_ms, 2), "transformers_ms_per_token": round(hf_ms, 2)}
+        hf_ms = alternate(lambda name: models[name].generate(ids, max_new_tokens=n, min_new_tokens=n,
+                                                               do_sample=False))
+    del models
+    gc.collect()
+    rows = []
+    for name in paths:
+        row = {"draft_step": name, "vllm_ms_per_token": round(statistics.median(vllm_ms[name]), 2),
+               "transformers_ms_per_token": round(statistics.median(hf_ms[name]), 2), "repeats": args.repeats,
+               "torch_threads": torch.get_num_threads()}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    u, t = rows
-    ratio = {"draft_step": "trimmed / untrimmed", "vllm": round(t["vllm_ms_per_token"] / u["vllm_ms_per_token"], 3),
-             "transformers": round(t["transformers_ms_per_token"] / u["transformers_ms_per_token"], 3)}
+
+    def ratios(ms):
+        each = [t / u for u, t in zip(ms["untrimmed drafter"], ms["trimmed drafter"])]
+        return round(statistics.median(each), 3), [round(min(each), 3), round(max(each), 3)]
+
+    (v, v_range), (h, h_range) = ratios(vllm_ms), ratios(hf_ms)
+    ratio = {"draft_step": "trimmed / untrimmed", "vllm": v, "vllm_range": v_range, "transformers": h,
+             "transformers_range": h_range}
     print(json.dumps(ratio), flush=True)
     return rows + [ratio]
 
@@ -165,7 +180,8 @@ def main() -> None:
                     help="also time each drafter's step alone, trimmed vs untrimmed, in vLLM and in transformers")
     ap.add_argument("--only-draft-step", action="store_true",
                     help="only the draft-step timing (e.g. a drafter vLLM cannot use as draft_model: Gemma 3)")
-    ap.add_argument("--repeats", type=int, default=3, help="timed repeats of each --draft-step measurement")
+    ap.add_argument("--repeats", type=int, default=6,
+                    help="timed repeats of each --draft-step measurement, alternating trimmed / untrimmed")
     ap.add_argument("--out", type=Path, help="also write the rows (and the machine) to this JSON file")
     args = ap.parse_args()
     if args.smollm2 is not None:

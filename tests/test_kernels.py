@@ -61,7 +61,46 @@ def test_choice_is_made_by_measurement(monkeypatch):
             layer(x)
     (choice,) = kernels.choices()
     assert choice.chosen == "linear" and choice.speedup == 1.0
-    assert all(len(t) == kernels.TRIALS for t in choice.timings_ms.values())
+    # no packed time can beat 0 x any F.linear time: decided after EARLY timed calls each, not TRIALS
+    assert all(len(t) == kernels.EARLY for t in choice.timings_ms.values())
+    kernels._CHOICES.clear()
+
+
+def _trial(times: dict[str, list[float]], trials=5, margin=0.9, early=2) -> tuple[str | None, int]:
+    """Feed alternating timed calls to a KernelChoice; return its choice and how many calls it took."""
+    choice = kernels.KernelChoice(kernels.KernelKey("cpu", "float32", 8, 16, False, 2, 1))
+    calls = 0
+    for i in range(max(map(len, times.values()))):
+        for name in ("linear", "packed"):
+            if choice.chosen is None and i < len(times[name]):
+                choice.record(name, times[name][i], trials, margin, early)
+                calls += 1
+    return choice.chosen, calls
+
+
+def test_a_clear_choice_is_made_early_and_an_unclear_one_by_medians():
+    # separated: packed always beats every F.linear time by the margin -> packed after 2 each
+    assert _trial({"linear": [10, 11, 12, 10, 10], "packed": [4, 5, 4, 4, 4]}) == ("packed", 4)
+    # separated the other way -> F.linear after 2 each
+    assert _trial({"linear": [4, 5, 4, 4, 4], "packed": [10, 11, 12, 10, 10]}) == ("linear", 4)
+    # overlapping (one slow packed call): the medians decide after TRIALS each, as without the early rule
+    assert _trial({"linear": [10, 10, 10, 10, 10], "packed": [4, 12, 4, 4, 4]}) == ("packed", 10)
+    # packed never beats F.linear by the margin (5% faster): F.linear early, as the medians would keep it
+    assert _trial({"linear": [10, 10, 10, 10, 10], "packed": [9.5, 9.5, 9.5, 9.5, 9.5]}) == ("linear", 4)
+    # straddling the margin: no early decision; the medians keep F.linear
+    assert _trial({"linear": [10, 10, 10, 10, 10], "packed": [8.5, 9.5, 9.5, 9.5, 9.5]}) == ("linear", 10)
+    # early=None: the old rule, TRIALS each whatever the times
+    assert _trial({"linear": [10] * 5, "packed": [4] * 5}, early=None) == ("packed", 10)
+
+
+def test_rows_share_a_choice_by_bucket():
+    assert [kernels.rows_bucket(r) for r in (1, 2, 3, 4, 5, 8, 9, 16, 17, 64)] == [1, 2, 4, 4, 8, 8, 16, 16, 32, 64]
+    kernels._CHOICES.clear()
+    layer = nn.Linear(16, 8)
+    with torch.no_grad(), kernels.fast_linears(layer):
+        for rows in (5, 6, 7, 8):
+            layer(torch.randn(rows, 16))
+    assert [c.key.rows for c in kernels.choices()] == [8]
     kernels._CHOICES.clear()
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-# Rollback depth the draft copies keep (a row's undecided drafts plus one round's).
+# Rollback depth outlines' draft guides keep (a row's undecided drafts plus one round's; xgrammar's is unlimited).
 MAX_ROLLBACK = 64
 
 
@@ -50,7 +50,7 @@ class XgrammarDraft:
 
     def begin(self, rows: int) -> None:
         grammars = self.grammars if len(self.grammars) == rows else self.grammars[:1] * rows
-        self.matchers = [self.xgr.GrammarMatcher(g, max_rollback_tokens=MAX_ROLLBACK) for g in grammars]
+        self.matchers = [self.xgr.GrammarMatcher(g) for g in grammars]  # xgrammar >= 0.2: rollback is unlimited
         self.bitmask = self.xgr.allocate_token_bitmask(1, self.size)
 
     def allowed(self, row: int):
