@@ -247,32 +247,45 @@ class FastLinears:
     reason: str = ""
 
     def __str__(self) -> str:
-        return f"fast linears on {self.layers} layers" if self.layers else f"F.linear ({self.reason})"
+        if not self.layers:
+            return f"F.linear ({self.reason})"
+        return f"fast linears on {self.layers} layers" + (f" (the rest F.linear: {self.reason})" if self.reason != "off"
+                                                           else "")
 
 
 @contextmanager
 def fast_linears(*models: nn.Module, enabled: bool = True) -> Iterator[FastLinears]:
     """Within the block, every eligible ``nn.Linear`` of ``models`` runs :func:`packed_linear`; restored on exit
-    (also on errors). Yields a :class:`FastLinears` report. Nothing is swapped when disabled, when this torch has
-    no oneDNN, or when the packed copies not yet made would take more than ``MEMORY_SHARE`` of available memory
-    (then the report says so)."""
+    (also on errors). Yields a :class:`FastLinears` report. Nothing is swapped when disabled or when this torch has
+    no oneDNN; a model whose packed copies not yet made would take the ones before it past ``MEMORY_SHARE`` of
+    available memory keeps ``F.linear`` (whole models, in the order given; the report says so)."""
     swapped: list[nn.Linear] = []
     report = FastLinears(reason="off")
     if enabled and not available():
         report.reason = "this torch build has no oneDNN packed kernels"
     elif enabled:
         seen: set[int] = set()
+        per_model: list[list[nn.Linear]] = []
         for model in models:
+            per_model.append([])
             for module in model.modules():
                 if id(module) not in seen and _eligible(module):
                     seen.add(id(module))
-                    swapped.append(module)
-        new_bytes = sum(m.weight.numel() * m.weight.element_size() for m in swapped if m not in _PACKED)
-        free = _available_bytes()
-        if free is not None and new_bytes > MEMORY_SHARE * free:
-            report.reason = (f"packed copies need {new_bytes / 2**30:.1f} GiB, {free / 2**30:.1f} GiB available: "
-                             f"hf_vocabspec.kernels.release() frees earlier ones")
-            swapped = []
+                    per_model[-1].append(module)
+        # whole models in the order given (a generate call passes the target first: its verify of several rows is
+        # where packing pays most) while their packed copies not yet made fit in MEMORY_SHARE of available memory
+        free, new_bytes, left_out = _available_bytes(), 0, 0
+        for layers in per_model:
+            more = sum(m.weight.numel() * m.weight.element_size() for m in layers if m not in _PACKED)
+            if free is not None and new_bytes + more > MEMORY_SHARE * free:
+                left_out += more
+                continue
+            new_bytes += more
+            swapped += layers
+        if left_out:
+            report.reason = (f"packed copies of {left_out / 2**30:.1f} GiB more would not fit in "
+                             f"{MEMORY_SHARE:.0%} of {free / 2**30:.1f} GiB available: hf_vocabspec.kernels.release() "
+                             f"frees earlier ones")
         elif not swapped:
             report.reason = "no float32/bfloat16 nn.Linear on CPU"
     report.layers = len(swapped)

@@ -128,6 +128,14 @@ def draft_steps(args, chats) -> list[dict]:
                      use_tqdm=False)
     vllm_ms = alternate(lambda name: llms[name].generate([TokensPrompt(prompt_token_ids=prompt)], sp,
                                                          use_tqdm=False))
+    op_ms = {}
+    if args.profile:  # CPU time inside torch ops per token (the host's drift moves wall time, far less op time)
+        from torch.profiler import ProfilerActivity, profile
+
+        for name, llm in llms.items():
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                llm.generate([TokensPrompt(prompt_token_ids=prompt)], sp, use_tqdm=False)
+            op_ms[name] = sum(e.self_cpu_time_total for e in prof.key_averages()) / 1000 / n
     del llms
     gc.collect()
     models = {name: (TrimmedDrafter if name.startswith("trimmed") else AutoModelForCausalLM).from_pretrained(
@@ -145,6 +153,8 @@ def draft_steps(args, chats) -> list[dict]:
         row = {"draft_step": name, "vllm_ms_per_token": round(statistics.median(vllm_ms[name]), 2),
                "transformers_ms_per_token": round(statistics.median(hf_ms[name]), 2), "repeats": args.repeats,
                "torch_threads": torch.get_num_threads()}
+        if op_ms:
+            row["vllm_op_ms_per_token"] = round(op_ms[name], 2)
         rows.append(row)
         print(json.dumps(row), flush=True)
 
@@ -155,6 +165,8 @@ def draft_steps(args, chats) -> list[dict]:
     (v, v_range), (h, h_range) = ratios(vllm_ms), ratios(hf_ms)
     ratio = {"draft_step": "trimmed / untrimmed", "vllm": v, "vllm_range": v_range, "transformers": h,
              "transformers_range": h_range}
+    if op_ms:
+        ratio["vllm_op_time"] = round(op_ms["trimmed drafter"] / op_ms["untrimmed drafter"], 3)
     print(json.dumps(ratio), flush=True)
     return rows + [ratio]
 
@@ -182,6 +194,8 @@ def main() -> None:
                     help="only the draft-step timing (e.g. a drafter vLLM cannot use as draft_model: Gemma 3)")
     ap.add_argument("--repeats", type=int, default=6,
                     help="timed repeats of each --draft-step measurement, alternating trimmed / untrimmed")
+    ap.add_argument("--profile", action="store_true",
+                    help="with the draft step: also report vLLM's per-token CPU time inside torch ops (torch profiler)")
     ap.add_argument("--out", type=Path, help="also write the rows (and the machine) to this JSON file")
     args = ap.parse_args()
     if args.smollm2 is not None:

@@ -134,6 +134,23 @@ def test_refused_when_the_copies_would_not_fit(monkeypatch):
         assert "forward" not in layer.__dict__
 
 
+def test_models_that_fit_are_packed_in_the_order_given(monkeypatch):
+    """Target first: when both models' copies would not fit, the first model's layers are packed and the second's
+    keep F.linear (whole models; a generate call's verify of several rows gains most). Power: in the other order the
+    other model is the one packed."""
+    big, small = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64)), nn.Linear(32, 32)
+    bytes_big = 2 * 64 * 64 * 4
+    monkeypatch.setattr(kernels, "_available_bytes", lambda: int(bytes_big / kernels.MEMORY_SHARE) + 100)
+    for model in (big, small):
+        kernels.release(model)
+    with kernels.fast_linears(big, small) as report:
+        assert report.layers == 2 and all("forward" in m.__dict__ for m in big)
+        assert "forward" not in small.__dict__ and "would not fit" in str(report)
+    assert not any("forward" in m.__dict__ for m in (*big, small))
+    with kernels.fast_linears(small, big) as report:  # small fits first, then big no longer does
+        assert report.layers == 1 and "forward" in small.__dict__ and "forward" not in big[0].__dict__
+
+
 def test_restored_on_error_and_disabled_switch(packed):
     layer = nn.Linear(8, 8)
     with pytest.raises(RuntimeError, match="boom"), kernels.fast_linears(layer):
