@@ -241,7 +241,8 @@ def _available_bytes() -> int | None:
 
 @dataclass
 class FastLinears:
-    """What a :func:`fast_linears` block did: layers swapped, or why none were (stats and benches report it)."""
+    """What a :func:`fast_linears` block did: layers swapped, and why the others (or all) run ``F.linear`` ("" when
+    none is left out; stats and benches report it)."""
 
     layers: int = 0
     reason: str = ""
@@ -249,8 +250,7 @@ class FastLinears:
     def __str__(self) -> str:
         if not self.layers:
             return f"F.linear ({self.reason})"
-        return f"fast linears on {self.layers} layers" + (f" (the rest F.linear: {self.reason})" if self.reason != "off"
-                                                           else "")
+        return f"fast linears on {self.layers} layers" + (f" (the rest F.linear: {self.reason})" if self.reason else "")
 
 
 @contextmanager
@@ -260,7 +260,7 @@ def fast_linears(*models: nn.Module, enabled: bool = True) -> Iterator[FastLinea
     no oneDNN; a model whose packed copies not yet made would take the ones before it past ``MEMORY_SHARE`` of
     available memory keeps ``F.linear`` (whole models, in the order given; the report says so)."""
     swapped: list[nn.Linear] = []
-    report = FastLinears(reason="off")
+    report = FastLinears(reason="" if enabled else "off")
     if enabled and not available():
         report.reason = "this torch build has no oneDNN packed kernels"
     elif enabled:
