@@ -188,8 +188,9 @@ CASES = {
 _FREE: dict[tuple, torch.Tensor] = {}
 
 
-def run_case(arch: str, batch: int, case: str):
-    """(target-only output, speculative output) of one case, each with fresh processor / criterion objects."""
+def run_case(arch: str, batch: int, case: str, **extra):
+    """(target-only output, speculative output) of one case, each with fresh processor / criterion objects
+    (``extra``: more generate kwargs for both)."""
     target, drafter = pair(arch)
     ids, mask = prompts(batch)
     if (arch, batch) not in _FREE:
@@ -197,7 +198,7 @@ def run_case(arch: str, batch: int, case: str):
     ctx = {"free": _FREE[arch, batch], "tok": char_tokenizer(), "P": ids.shape[1], "B": batch}
     outs = []
     for assistant in (None, drafter):
-        kw = {"max_new_tokens": 14, **CASES[case](ctx)}
+        kw = {"max_new_tokens": 14, **CASES[case](ctx), **extra}
         kw = {k: v for k, v in kw.items() if v is not None}
         if assistant is None:
             kw.pop("assistant_confidence_threshold", None)
@@ -290,7 +291,6 @@ def _prefilled(target, ids):
 REFUSED = {
     "guidance_scale": (lambda t, ids: dict(guidance_scale=1.5), "guidance_scale"),
     "prefilled_cache": (lambda t, ids: _prefilled(t, ids), "past_key_values"),
-    "static_cache": (lambda t, ids: dict(cache_implementation="static"), "cache"),
     "output_attentions": (lambda t, ids: dict(output_attentions=True, return_dict_in_generate=True),
                           "output_attentions"),
     "no_cache": (lambda t, ids: dict(use_cache=False), "cache"),
@@ -306,6 +306,74 @@ def test_refused_in_one_line(case):
     with pytest.raises(ValueError, match=word) as info:
         target.generate(input_ids=ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=4,
                         **make(target, ids))
+    assert "\n" not in str(info.value)
+
+
+# --- static caches (cache_implementation="static"): fixed buffers, rolled back by moving their fill level ------
+STATIC_ARCHS = [a for a in ARCHS if a != "deepseek_v32"]  # its indexer layers are refused (below)
+
+
+@pytest.mark.parametrize("case", ["greedy", "row_criterion", "several_eos"])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("arch", STATIC_ARCHS)
+def test_static_cache_identical_to_target_only(arch, batch, case):
+    """Target-only with a static cache against the engine holding the target's cache static (left padding, rows
+    realigned, finished rows compacted out, every round's rejected columns rolled back)."""
+    ref, out = run_case(arch, batch, case, cache_implementation="static")
+    assert out.shape == ref.shape and torch.equal(out, ref), (ref.tolist(), out.tolist())
+    assert pair(arch)[1].last_speculation_stats.target_cache == "StaticCache"
+
+
+def test_static_cache_grows_where_a_round_needs_room(monkeypatch):
+    """Rows at different lengths each verify up to L positions, past generate's max_length: the buffers grow
+    (here from generate's max_length itself) and the output is unchanged."""
+    monkeypatch.setattr(engine, "FORCED_ROOM", -5)  # capacity = max_length + L + FORCED_ROOM + 1 = max_length
+    grown = []
+    reserve = engine._AlignedCache.reserve
+
+    def spy(self, columns):
+        before = self.width
+        reserve(self, columns)
+        grown.extend([(before, self.width)] if self.width != before else [])
+
+    monkeypatch.setattr(engine._AlignedCache, "reserve", spy)
+    ref, out = run_case("llama", 3, "greedy", cache_implementation="static", max_new_tokens=24)
+    assert torch.equal(out, ref)
+    assert grown, "no round needed more room than max_length: the test does not exercise growth"
+
+
+def test_power_static_cache_not_rolled_back_differs(monkeypatch):
+    """Where rejected columns stay in the static cache (its fill level is not moved back), the output differs."""
+    set_length = engine._AlignedCache._set_length
+
+    def stuck(self, layer, length):
+        if not isinstance(layer, engine.StaticLayer):
+            set_length(self, layer, length)
+
+    monkeypatch.setattr(engine._AlignedCache, "_set_length", stuck)
+    ref, out = run_case("llama", 3, "greedy", cache_implementation="static")
+    assert not torch.equal(out, ref)
+
+
+def test_static_cache_sampling_matches_the_dynamic_cache():
+    """Sampling: the same seed gives the same tokens with the target's cache static or dynamic (the same logits,
+    the same draws), so the sampled law tests of the dynamic cache carry over."""
+    target, drafter = pair("gemma3")
+    ids, mask = prompts(3)
+    outs = []
+    for cache in ("static", None):
+        torch.manual_seed(7)
+        outs.append(target.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=14,
+                                    assistant_model=drafter, cache_implementation=cache))
+    assert torch.equal(*outs)
+
+
+def test_static_cache_of_unsupported_layers_is_refused():
+    target, drafter = pair("deepseek_v32")
+    ids, mask = prompts(1)
+    with pytest.raises(ValueError, match="StaticIndexedLayer.*dynamic cache") as info:
+        target.generate(input_ids=ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=4,
+                        cache_implementation="static")
     assert "\n" not in str(info.value)
 
 

@@ -62,6 +62,9 @@ from transformers.cache_utils import (
     DynamicLayer,
     DynamicSlidingWindowLayer,
     LinearAttentionLayer,
+    StaticCache,
+    StaticLayer,
+    StaticSlidingWindowLayer,
 )
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
@@ -183,18 +186,67 @@ def unsupported_layer_types(config) -> list[str]:
     return sorted({t for t in types if t not in SUPPORTED_LAYER_TYPES})
 
 
-class _AlignedCache:
-    """A cache whose rows are right-aligned: realign / compact / repeat / crop on every layer type it holds."""
+def static_layers_supported(cache) -> bool:
+    """A static cache (``cache_implementation="static"``) whose layers the engine can hold right-aligned: full,
+    sliding and chunked attention in fixed buffers (transformers' ``StaticLayer``: its fill level a tensor) and
+    convolution layers (rolled back per row as in a dynamic cache)."""
+    attention = [layer for layer in cache.layers if isinstance(layer, StaticLayer)]
+    return type(cache) is StaticCache and not getattr(cache, "offloading", False) and all(
+        type(layer) in (StaticLayer, StaticSlidingWindowLayer, LinearAttentionLayer, DummyLayer)
+        for layer in cache.layers) and all(isinstance(layer.cumulative_length, torch.Tensor) for layer in attention)
 
-    def __init__(self, cache: DynamicCache):
+
+class _AlignedCache:
+    """A cache whose rows are right-aligned: realign / compact / repeat / crop on every layer type it holds.
+
+    Dynamic layers hold exactly ``length`` columns. Static layers (a ``StaticCache``, what
+    ``cache_implementation="static"`` asks for) are fixed buffers written at positions: their first ``length``
+    columns are the cache and the rest is masked, so rolling back moves the fill level back (no copy); only rows
+    that shift are copied, inside the buffer. Sliding and chunked layers hold every column (the mask applies the
+    window). A round may write past generate's ``max_length`` (rows at different lengths each verify up to L
+    positions): the buffers grow where a forward needs more room (``reserve``)."""
+
+    def __init__(self, cache, capacity: int = 0):
         cache.activate_past_recording()  # convolution states keep their history until the round's rollback
+        self.static = type(cache) is StaticCache
         for i, layer in enumerate(cache.layers):
             if isinstance(layer, DynamicSlidingWindowLayer):  # the mask applies the window; keep all columns
                 cache.layers[i] = DynamicLayer()
-        if cache.layer_class_to_replicate is DynamicSlidingWindowLayer:
+            elif isinstance(layer, StaticLayer):  # a full-length buffer (also for sliding / chunked layers)
+                cache.layers[i] = StaticLayer(max_cache_len=max(capacity, layer.max_cache_len))
+        if getattr(cache, "layer_class_to_replicate", None) is DynamicSlidingWindowLayer:
             cache.layer_class_to_replicate = DynamicLayer
         self.cache = cache
         self.length = 0  # columns of the attention layers
+
+    @property
+    def width(self) -> int | None:
+        """Static layers: the columns their buffers hold (the mask's width); None for a dynamic cache."""
+        return next((layer.max_cache_len for layer in self.cache.layers if isinstance(layer, StaticLayer)), None)
+
+    def reserve(self, columns: int) -> None:
+        """Static layers: room for ``columns`` columns (grown by copying into larger buffers where needed)."""
+        if not self.static:
+            return
+        for layer in self.cache.layers:
+            if not isinstance(layer, StaticLayer) or columns <= layer.max_cache_len:
+                continue
+            size = max(columns, 2 * layer.max_cache_len)
+            if getattr(layer, "keys", None) is not None:
+                for name in ("keys", "values"):
+                    t = getattr(layer, name)
+                    grown = t.new_zeros(t.shape[:2] + (size,) + t.shape[3:])
+                    grown.narrow(2, 0, self.length).copy_(t.narrow(2, 0, self.length))
+                    setattr(layer, name, grown)
+            layer.max_cache_len = size
+
+    def _set_length(self, layer, length: int) -> None:
+        """After moving columns: a dynamic layer keeps ``length`` columns, a static one its fill level."""
+        if isinstance(layer, StaticLayer):
+            layer.cumulative_length.fill_(length)
+            return
+        for name, _, sdim in self._columns(layer):
+            setattr(layer, name, getattr(layer, name).narrow(sdim, 0, length))
 
     @staticmethod
     def _columns(layer):
@@ -235,7 +287,8 @@ class _AlignedCache:
                     dst = t.narrow(sdim, s, new_length - s)
                     src = t.narrow(sdim, 0, new_length - s).index_select(bdim, rows)  # copies before writing
                     dst.index_copy_(bdim, rows, src)
-                setattr(layer, name, t.narrow(sdim, 0, new_length))
+            if self._columns(layer):
+                self._set_length(layer, new_length)
             for i in self._conv(layer):
                 layer.conv_states[i] = self._roll_back_conv(layer.conv_states[i], removed, layer.conv_kernel_size[i])
         self.length = new_length
@@ -272,7 +325,12 @@ class _AlignedCache:
         for layer in self.cache.layers:
             for name, _, sdim in self._columns(layer):
                 t = getattr(layer, name)
-                setattr(layer, name, t.narrow(sdim, n, t.shape[sdim] - n))
+                if isinstance(layer, StaticLayer):  # the buffer stays: its columns move left
+                    t.narrow(sdim, 0, self.length - n).copy_(t.narrow(sdim, n, self.length - n).clone())
+                else:
+                    setattr(layer, name, t.narrow(sdim, n, t.shape[sdim] - n))
+            if isinstance(layer, StaticLayer) and self._columns(layer):
+                layer.cumulative_length.fill_(self.length - n)
         self.length -= n
 
 
@@ -329,8 +387,11 @@ class SpeculativeEngine:
         self.step = DraftStep(assistant, self.processors, do_sample=self.do_sample,
                               confidence_threshold=confidence_threshold, stats=self.stats, vocab_size=self.vocab_size)
         self.step.defer_counts = True  # its draw counters are read once, at the end of the call
+        # a static cache (cache_implementation="static") starts with room for max_length plus one round's drafts
         self.target_cache = _AlignedCache(target_cache if target_cache is not None else
-                                          DynamicCache(config=target.config.get_text_config(decoder=True)))
+                                          DynamicCache(config=target.config.get_text_config(decoder=True)),
+                                          capacity=int(generation_config.max_length) + self.L + FORCED_ROOM + 1)
+        self.stats.target_cache = type(self.target_cache.cache).__name__
         self.draft_cache = _AlignedCache(self.step.new_cache())
         # A grammar among the processors guides the drafts through the drafter's own copy of it (.constraints)
         found = draft_constraint_for(self.processors) if self.stepwise and constrain_drafts else None
@@ -372,13 +433,14 @@ class SpeculativeEngine:
         self.measured: list[Measured] = self.memory.recall(self.setting) if self.speculation == "auto" else []
 
     # ---- helpers -------------------------------------------------------------------------------------------
-    def _mask(self, length: int) -> torch.Tensor | None:
+    def _mask(self, length: int, width: int | None = None) -> torch.Tensor | None:
         """The 2-D mask of the computing rows, or None when no row holds padding (as generate drops an all-ones
-        mask: the models' causal fast paths apply)."""
+        mask: the models' causal fast paths apply); ``width`` > length: zeros after ``length`` (a static cache's
+        unwritten columns, as generate pads it)."""
         if not self.padded:
             return None
-        cols = torch.arange(length, device=self.device)
-        return (cols[None, :] >= self.pad_cols[:, None]).long()
+        cols = torch.arange(width or length, device=self.device)
+        return ((cols[None, :] >= self.pad_cols[:, None]) & (cols[None, :] < length)).long()
 
     @property
     def padded(self) -> bool:
@@ -396,7 +458,8 @@ class SpeculativeEngine:
         cache = self.target_cache
         start, n = cache.length, tokens.shape[1]
         keep = n if keep is None else keep
-        out = self.target(input_ids=tokens, attention_mask=self._mask(start + n), position_ids=self._positions(start, n),
+        cache.reserve(start + n)
+        out = self.target(input_ids=tokens, attention_mask=self._mask(start + n, cache.width), position_ids=self._positions(start, n),
                           use_cache=True, logits_to_keep=keep, **{cache_kwarg(self.target): cache.cache})
         cache.grew(n)
         return out.logits[:, -keep:].float()
@@ -404,6 +467,7 @@ class SpeculativeEngine:
     def _draft_forward(self, tokens: torch.Tensor, contexts, row_ids):
         cache = self.draft_cache
         start, n = cache.length, tokens.shape[1]
+        cache.reserve(start + n)
         drafted = self.step(tokens, cache.cache, contexts, row_ids, self._mask(start + n), self._positions(start, n))
         cache.grew(n)
         return drafted

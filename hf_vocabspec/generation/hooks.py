@@ -33,7 +33,7 @@ import inspect
 
 import torch
 from transformers import GenerationMixin
-from transformers.cache_utils import DynamicCache
+from transformers.cache_utils import DynamicCache, StaticCache
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .. import verify_head as _verify_head
@@ -47,7 +47,7 @@ from ..configuration import (
 )
 from ..modeling import TrimmedDrafter, forward_has_cache, position_limit
 from .candidates import TrimmedCandidateGenerator
-from .engine import SpeculativeEngine, unsupported_layer_types
+from .engine import SpeculativeEngine, static_layers_supported, unsupported_layer_types
 from .vocabulary import is_stateless
 
 _ORIGINALS: dict[str, object] = {}
@@ -277,9 +277,15 @@ def _engine_refusal(target, assistant, input_ids, generation_config, model_kwarg
     if getattr(cache, "_is_user_defined", False):
         return ("A prefilled or user-made past_key_values cannot be rolled back row by row: pass the whole prompt "
                 "as input_ids and no past_key_values.")
-    if type(cache) is not DynamicCache or getattr(cache, "offloading", False):
+    if type(cache) is StaticCache and not static_layers_supported(cache):
+        layers = sorted({type(layer).__name__ for layer in cache.layers} - {"StaticLayer", "StaticSlidingWindowLayer",
+                                                                             "LinearAttentionLayer", "DummyLayer"})
+        return (f"cache_implementation={generation_config.cache_implementation!r} with this model's cache layers "
+                f"({', '.join(layers)}) is not supported with speculative decoding: use the default dynamic cache.")
+    if not (type(cache) is DynamicCache and not getattr(cache, "offloading", False)) and \
+            not static_layers_supported(cache):
         return (f"cache_implementation={generation_config.cache_implementation!r} ({type(cache).__name__}) is not "
-                "supported with speculative decoding: use the default dynamic cache.")
+                "supported with speculative decoding: use the default dynamic cache or 'static'.")
     for model, role in ((target, "target"), (assistant, "drafter")):
         config = model.model.config if isinstance(model, TrimmedDrafter) else model.config
         bad = unsupported_layer_types(config)

@@ -34,6 +34,7 @@ class SpeculationStats:
     stepwise: bool = False  # processors with state: called once per generated step (the exact processor contract)
     draft_constraint: str = ""  # the drafter's own copy of the call's grammar (generation/constraints.py), if any
     decision: str = ""  # batched loop: "speculate", "decode (...)", "forced ..."
+    target_cache: str = ""  # the target's cache in the engine: "DynamicCache", or "StaticCache" (cache_implementation="static")
     kernels: str = ""  # "fast linears on N layers" or "F.linear (why)" (hf_vocabspec.kernels), "; drafter int4 weights on M layers"
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
