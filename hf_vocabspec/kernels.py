@@ -132,6 +132,9 @@ class KernelChoice:
 
 
 _CHOICES: dict[KernelKey, KernelChoice] = {}
+# The per-call fast path: (dtype, out, in, bias, rows bucket, threads) -> the kernel chosen for that KernelKey (a plain
+# tuple: building and hashing a KernelKey on every call of every layer cost more than some small layers' matmuls).
+_DECIDED: dict[tuple, str] = {}
 _LOCK = threading.Lock()
 # module -> (weight storage pointer, weight version, packed weight or None: cannot pack); weak so a freed model frees its copies.
 _PACKED: weakref.WeakKeyDictionary[nn.Linear, tuple[int, int, torch.Tensor | None]] = weakref.WeakKeyDictionary()
@@ -141,6 +144,13 @@ def choices() -> list[KernelChoice]:
     """Every choice made (or in trial) in this process."""
     with _LOCK:
         return list(_CHOICES.values())
+
+
+def forget_choices() -> None:
+    """Drop every kernel choice of this process (the next calls trial again)."""
+    with _LOCK:
+        _CHOICES.clear()
+        _DECIDED.clear()
 
 
 def release(model: nn.Module | None = None) -> None:
@@ -191,10 +201,15 @@ def packed_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         or (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
     ):
         return F.linear(x, weight, module.bias)
-    key = KernelKey("cpu", str(weight.dtype).removeprefix("torch."), weight.shape[0], weight.shape[1],
-                    module.bias is not None, rows_bucket(rows), torch.get_num_threads())
+    fast = (weight.dtype, weight.shape[0], weight.shape[1], module.bias is not None, rows_bucket(rows),
+            torch.get_num_threads())
+    name = _DECIDED.get(fast)
+    if name is not None:
+        return _run(name, module, x)
+    key = KernelKey("cpu", str(weight.dtype).removeprefix("torch."), *fast[1:])
     choice = _CHOICES.get(key)
     if choice is not None and choice.chosen is not None:
+        _DECIDED[fast] = choice.chosen
         return _run(choice.chosen, module, x)
     with _LOCK:
         choice = _CHOICES.setdefault(key, KernelChoice(key))

@@ -30,9 +30,9 @@ def packed(monkeypatch):
 
     monkeypatch.setattr(kernels, "MARGIN", float("inf"))
     monkeypatch.setattr(kernels, "_run", spy)
-    kernels._CHOICES.clear()
+    kernels.forget_choices()
     yield calls
-    kernels._CHOICES.clear()
+    kernels.forget_choices()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -52,7 +52,7 @@ def test_packed_matches_f_linear(dtype, bias, rows, packed):
 
 def test_choice_is_made_by_measurement(monkeypatch):
     """F.linear is kept unless the packed kernel's median beats it by MARGIN."""
-    kernels._CHOICES.clear()
+    kernels.forget_choices()
     layer = nn.Linear(16, 8)
     x = torch.randn(2, 16)
     monkeypatch.setattr(kernels, "MARGIN", 0.0)  # nothing can beat 0 x F.linear
@@ -63,7 +63,7 @@ def test_choice_is_made_by_measurement(monkeypatch):
     assert choice.chosen == "linear" and choice.speedup == 1.0
     # no packed time can beat 0 x any F.linear time: decided after EARLY timed calls each, not TRIALS
     assert all(len(t) == kernels.EARLY for t in choice.timings_ms.values())
-    kernels._CHOICES.clear()
+    kernels.forget_choices()
 
 
 def _trial(times: dict[str, list[float]], trials=5, margin=0.9, early=2) -> tuple[str | None, int]:
@@ -95,13 +95,13 @@ def test_a_clear_choice_is_made_early_and_an_unclear_one_by_medians():
 
 def test_rows_share_a_choice_by_bucket():
     assert [kernels.rows_bucket(r) for r in (1, 2, 3, 4, 5, 8, 9, 16, 17, 64)] == [1, 2, 4, 4, 8, 8, 16, 16, 32, 64]
-    kernels._CHOICES.clear()
+    kernels.forget_choices()
     layer = nn.Linear(16, 8)
     with torch.no_grad(), kernels.fast_linears(layer):
         for rows in (5, 6, 7, 8):
             layer(torch.randn(rows, 16))
     assert [c.key.rows for c in kernels.choices()] == [8]
-    kernels._CHOICES.clear()
+    kernels.forget_choices()
 
 
 def test_skipped_where_it_cannot_apply(packed):

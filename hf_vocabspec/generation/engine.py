@@ -439,8 +439,9 @@ class SpeculativeEngine:
         unwritten columns, as generate pads it)."""
         if not self.padded:
             return None
-        cols = torch.arange(width or length, device=self.device)
-        return ((cols[None, :] >= self.pad_cols[:, None]) & (cols[None, :] < length)).long()
+        cols = torch.arange(max(width or 0, length), device=self.device)
+        mask = cols[None, :] >= self.pad_cols[:, None]
+        return (mask & (cols[None, :] < length) if cols.numel() > length else mask).long()
 
     @property
     def padded(self) -> bool:
@@ -541,8 +542,8 @@ class SpeculativeEngine:
         row_ids = self.row_list
         idxs, probs, tokens = [], [], []
         proposes = torch.full((len(row_ids),), cap, dtype=torch.long, device=self.device)
-        stopped = torch.zeros(len(row_ids), dtype=torch.bool, device=self.device)
         watch = self.step.confidence_threshold > 0 or self.constraint is not None
+        stopped = torch.zeros(len(row_ids), dtype=torch.bool, device=self.device) if watch else None
         n = forwards = 0
         while forwards < L and n < cap:
             forced = self._forced(row_ids, cap - n) if force else None
@@ -567,12 +568,16 @@ class SpeculativeEngine:
             if d.probs is not None:
                 probs.append(d.probs[:, None])
             n += 1
+            to_feed = d.token
+            if not watch:  # where rows stop (their first EOS) is found once, after the loop
+                if contexts is not None:
+                    contexts = [torch.cat([c, tok]) for c, tok in zip(contexts, d.token)]
+                continue
             ends = d.unsure
             if self.eos is not None:
                 ends = ends | torch.isin(d.token[:, 0], self.eos)
             proposes = torch.where(~stopped & ends, n, proposes)
             stopped |= ends
-            to_feed = d.token
             if self.constraint is not None:  # the grammar advances on each draft: one read per drafted position
                 seen = read(torch.stack([d.token[:, 0], stopped.long()], dim=1), self.stats)
                 for r, (token, _) in zip(row_ids, seen):
@@ -583,10 +588,13 @@ class SpeculativeEngine:
                 break
             if contexts is not None:
                 contexts = [torch.cat([c, tok]) for c, tok in zip(contexts, d.token)]
+        tokens = torch.cat(tokens, dim=1)
+        if not watch and self.eos is not None:  # (no forced drafts here: they come with a draft constraint)
+            ends = torch.isin(tokens, self.eos)
+            proposes = torch.where(ends.any(dim=1), ends.long().argmax(dim=1) + 1, proposes)
         proposes.clamp_(max=n)
         self.drafted_len = fed
-        return (torch.cat(idxs, dim=1), torch.cat(probs, dim=1) if probs else None, torch.cat(tokens, dim=1),
-                proposes)
+        return torch.cat(idxs, dim=1), torch.cat(probs, dim=1) if probs else None, tokens, proposes
 
     def _point_mass(self, idx: torch.Tensor) -> torch.Tensor:
         """(B, k, n_ids) the law of forced drafts: all mass on the draft chosen (no draw was made)."""
