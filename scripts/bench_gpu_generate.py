@@ -222,6 +222,14 @@ def main() -> None:
                 emit(f"| {shape} | {b} | {label}: OUTPUT DIFFERS from target-only | | | | | | | |")
             record(shape, b, label, s, b * new, base=eager[shape, b], rounds=st.rounds, tau=st.mean_accepted_length,
                    syncs=count_syncs(ours))
+            if drafter is m["accept_all"] and b == 1 and left() > 60:  # the static target cache (eager), batch 1
+                def ours_static(d=drafter):
+                    return target_only(n, assistant_model=d, cache_implementation="static")
+                s_static, out = timed(ours_static, args.repeats)
+                if not torch.equal(out, ref):
+                    emit(f"| {shape} | {b} | ours static cache: OUTPUT DIFFERS from target-only | | | | | | | |")
+                record(shape, b, "ours eager, static target cache, all accepted", s_static, b * n, base=eager[shape, b],
+                       rounds=drafter.last_speculation_stats.rounds, tau=drafter.last_speculation_stats.mean_accepted_length)
             if drafter is m["accept_all"]:
                 for tau in args.project_tau:
                     record(shape, b, f"ours eager at tau {tau:g} (projected)", s / max(st.rounds, 1), b * tau,
