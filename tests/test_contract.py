@@ -321,7 +321,37 @@ def test_static_cache_identical_to_target_only(arch, batch, case):
     realigned, finished rows compacted out, every round's rejected columns rolled back)."""
     ref, out = run_case(arch, batch, case, cache_implementation="static")
     assert out.shape == ref.shape and torch.equal(out, ref), (ref.tolist(), out.tolist())
-    assert pair(arch)[1].last_speculation_stats.target_cache == "StaticCache"
+    stats = pair(arch)[1].last_speculation_stats
+    assert stats.target_cache == "StaticCache" and not stats.compiled_verify  # target-only compiles on CUDA only
+
+
+def test_static_cache_with_compile_verifies_with_the_compiled_call(monkeypatch):
+    """Where target-only generate decodes with the target's compiled forward (transformers' criteria: a static
+    cache on CUDA, or ``compile_config._compile_all_devices``, as here on a CPU), the engine's target forwards after
+    the prompt run that same compiled call: left-padded rows, output identical to compiled target-only."""
+    target, drafter = pair("llama")
+    ids, mask = prompts(3)
+    config = T.CompileConfig()
+    config._compile_all_devices = True
+    calls = []
+    get_compiled_call = target.get_compiled_call
+
+    def counted(compile_config):
+        compiled = get_compiled_call(compile_config)
+
+        def call(*args, **kwargs):
+            calls.append(kwargs["input_ids"].shape[1])
+            return compiled(*args, **kwargs)
+        return call
+
+    kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=10, cache_implementation="static",
+              compile_config=config)
+    ref = target.generate(**kw)
+    monkeypatch.setattr(target, "get_compiled_call", counted)
+    out = target.generate(**kw, assistant_model=drafter)
+    assert torch.equal(out, ref), (ref.tolist(), out.tolist())
+    stats = drafter.last_speculation_stats
+    assert stats.compiled_verify and len(calls) == stats.rounds + stats.plain_steps - 1  # all but the prompt's
 
 
 def test_static_cache_grows_where_a_round_needs_room(monkeypatch):

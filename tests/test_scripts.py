@@ -33,7 +33,7 @@ def test_bench_gpu_generate_smoke_on_cpu(tmp_path):
     # transformers < 5.24 refuses a static cache in its assisted loop: that row says so (5.24 runs it)
     table = table.replace("failed: ValueError: assisted generate is not supported with Static cache classes", "")
     assert "DIFFERS" not in table and "failed" not in table and "skipped" not in table, table
-    assert "ours eager, static target cache" in table, table
+    assert "ours eager, static target cache" in table and "ours static cache, eager verify" in table, table
     rows = json.loads((out / "gpu_generate.json").read_text())
     methods = {(r["shape"], r["batch"], r["method"].split(" (")[0]) for r in rows}
     for b in (1, 2):

@@ -238,7 +238,15 @@ class _AlignedCache:
                     grown = t.new_zeros(t.shape[:2] + (size,) + t.shape[3:])
                     grown.narrow(2, 0, self.length).copy_(t.narrow(2, 0, self.length))
                     setattr(layer, name, grown)
+                self._mark_static(layer)
             layer.max_cache_len = size
+
+    @staticmethod
+    def _mark_static(layer) -> None:
+        """New buffers of a static layer keep a fixed address for compiled (graph-replayed) forwards."""
+        if isinstance(layer, StaticLayer) and getattr(layer, "keys", None) is not None:
+            for t in (layer.keys, layer.values):
+                torch._dynamo.mark_static_address(t)
 
     def _set_length(self, layer, length: int) -> None:
         """After moving columns: a dynamic layer keeps ``length`` columns, a static one its fill level."""
@@ -310,6 +318,7 @@ class _AlignedCache:
         for layer in self.cache.layers:
             for name, bdim, _ in self._columns(layer):
                 setattr(layer, name, getattr(layer, name).index_select(bdim, rows))
+            self._mark_static(layer)
             for i in self._conv(layer):
                 layer.conv_states[i] = layer.conv_states[i][rows]
 
@@ -318,6 +327,7 @@ class _AlignedCache:
         for layer in self.cache.layers:
             for name, bdim, _ in self._columns(layer):
                 setattr(layer, name, getattr(layer, name).repeat_interleave(n, dim=bdim))
+            self._mark_static(layer)
             for i in self._conv(layer):
                 layer.conv_states[i] = layer.conv_states[i].repeat_interleave(n, dim=0)
 
@@ -346,7 +356,7 @@ class SpeculativeEngine:
                  attention_mask: torch.Tensor | None, target_cache: DynamicCache | None, num_draft_tokens: int,
                  confidence_threshold: float = 0.0, speculation: str = "auto", streamer=None,
                  schedule: str = "constant", keep_scores: bool = False, keep_logits: bool = False,
-                 constrain_drafts: bool = True):
+                 constrain_drafts: bool = True, target_call=None):
         if speculation not in SPECULATION_MODES:
             raise ValueError(f"batched_speculation must be one of {SPECULATION_MODES}, got {speculation!r}: set "
                              "drafter.generation_config.batched_speculation to one of them.")
@@ -392,6 +402,10 @@ class SpeculativeEngine:
                                           DynamicCache(config=target.config.get_text_config(decoder=True)),
                                           capacity=int(generation_config.max_length) + self.L + FORCED_ROOM + 1)
         self.stats.target_cache = type(self.target_cache.cache).__name__
+        # the compiled call target-only generate would decode with (hooks.compiled_verify): every forward after
+        # the prompt's (which stays eager, as target-only prefills eagerly)
+        self.target_call = target_call
+        self.stats.compiled_verify = target_call is not None
         self.draft_cache = _AlignedCache(self.step.new_cache())
         # A grammar among the processors guides the drafts through the drafter's own copy of it (.constraints)
         found = draft_constraint_for(self.processors) if self.stepwise and constrain_drafts else None
@@ -460,7 +474,8 @@ class SpeculativeEngine:
         start, n = cache.length, tokens.shape[1]
         keep = n if keep is None else keep
         cache.reserve(start + n)
-        out = self.target(input_ids=tokens, attention_mask=self._mask(start + n, cache.width), position_ids=self._positions(start, n),
+        call = self.target_call if self.target_call is not None and start else self.target
+        out = call(input_ids=tokens, attention_mask=self._mask(start + n, cache.width), position_ids=self._positions(start, n),
                           use_cache=True, logits_to_keep=keep, **{cache_kwarg(self.target): cache.cache})
         cache.grew(n)
         return out.logits[:, -keep:].float()

@@ -310,7 +310,7 @@ def _engine_refusal(target, assistant, input_ids, generation_config, model_kwarg
     return None
 
 
-def _run_engine(target, assistant, bound: dict, kernels: str = "F.linear (not ours)"):
+def _run_engine(target, assistant, bound: dict, kernels: str = "F.linear (not ours)", compiled: bool = False):
     """Every call with one of our drafters (and an untrimmed assistant at batch > 1) runs in our engine."""
     input_ids = bound["input_ids"]
     generation_config = bound["generation_config"]
@@ -333,7 +333,8 @@ def _run_engine(target, assistant, bound: dict, kernels: str = "F.linear (not ou
         keep_scores=bool(generation_config.return_dict_in_generate and generation_config.output_scores),
         keep_logits=bool(generation_config.return_dict_in_generate and generation_config.output_logits),
         constrain_drafts=check_constrain_drafts(
-            getattr(getattr(assistant, "generation_config", None), "constrain_drafts", True)))
+            getattr(getattr(assistant, "generation_config", None), "constrain_drafts", True)),
+        target_call=target.get_compiled_call(generation_config.compile_config) if compiled else None)
     engine.stats.kernels = kernels
     sequences = engine.run()
     assistant.last_speculation_stats = engine.stats
@@ -341,6 +342,17 @@ def _run_engine(target, assistant, bound: dict, kernels: str = "F.linear (not ou
         return GenerateDecoderOnlyOutput(sequences=sequences, scores=tuple(engine.scores) or None,
                                          logits=tuple(engine.raw_logits) or None)
     return sequences
+
+
+def compiled_verify(target, bound: dict) -> bool:
+    """Whether target-only generate would decode this call with the target's compiled forward (transformers' own
+    criteria, ``_valid_auto_compile_criteria``: a static cache on CUDA, or a ``compile_config`` that compiles on
+    every device): then the engine's target forwards after the prompt use that same compiled call."""
+    model_kwargs = bound.get("model_kwargs", {})
+    cache = model_kwargs.get("past_key_values", model_kwargs.get("cache"))
+    criteria = getattr(target, "_valid_auto_compile_criteria", None)
+    return type(cache) is StaticCache and criteria is not None and bool(
+        criteria(model_kwargs, bound["generation_config"]))
 
 
 def processors_with_state(bound: dict) -> list[str]:
@@ -438,7 +450,7 @@ def install() -> None:
             if (input_ids.shape[0] > 1 or stateful) and batchable_plain_assistant(self, assistant, bound):
                 check_inputs(self, assistant, input_ids, model_kwargs.get("attention_mask"),
                              bound["generation_config"].max_length)
-                return _run_engine(self, assistant, bound)
+                return _run_engine(self, assistant, bound, compiled=compiled_verify(self, bound))
             return assisted(self, *args, **kwargs)
         check_inputs(self, assistant, input_ids, model_kwargs.get("attention_mask"),
                              bound["generation_config"].max_length)
@@ -449,14 +461,15 @@ def install() -> None:
                                  "session's trimmed drafter (session.drafter) as assistant_model for constrained "
                                  "generation.")
             return assisted(self, *args, **kwargs)  # SSD: its candidate generator inside transformers' loop
-        with _verify_head.generate_kernels(self, assistant) as fast:  # the one kernel choice (hf_vocabspec.kernels)
+        compiled = compiled_verify(self, bound)  # then the target's linears and head stay as compile sees them
+        with _verify_head.generate_kernels(self, assistant, target_too=not compiled) as fast:  # the one kernel choice
             if _TRANSFORMERS_LOOP.get() and input_ids.shape[0] == 1 and not stateful:
                 return assisted(self, *args, **kwargs)
             kernels = str(fast)
             scheme = getattr(getattr(assistant, "config", None), "weight_quantization", None)
             if scheme:
                 kernels += f"; drafter {scheme} weights on {getattr(assistant, 'quantized_layers', 0)} layers"
-            return _run_engine(self, assistant, bound, kernels=kernels)
+            return _run_engine(self, assistant, bound, kernels=kernels, compiled=compiled)
 
     _get_candidate_generator.__wrapped__ = get_generator
     _validate_generation_mode.__wrapped__ = validate

@@ -35,6 +35,7 @@ class SpeculationStats:
     draft_constraint: str = ""  # the drafter's own copy of the call's grammar (generation/constraints.py), if any
     decision: str = ""  # batched loop: "speculate", "decode (...)", "forced ..."
     target_cache: str = ""  # the target's cache in the engine: "DynamicCache", or "StaticCache" (cache_implementation="static")
+    compiled_verify: bool = False  # the target's forwards after the prompt ran its compiled call (static cache + compile)
     kernels: str = ""  # "fast linears on N layers" or "F.linear (why)" (hf_vocabspec.kernels), "; drafter int4 weights on M layers"
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
