@@ -325,10 +325,13 @@ def test_static_cache_identical_to_target_only(arch, batch, case):
     assert stats.target_cache == "StaticCache" and not stats.compiled_verify  # target-only compiles on CUDA only
 
 
-def test_static_cache_with_compile_verifies_with_the_compiled_call(monkeypatch):
+def test_static_cache_with_compile_runs_compiled_steps(monkeypatch):
     """Where target-only generate decodes with the target's compiled forward (transformers' criteria: a static
     cache on CUDA, or ``compile_config._compile_all_devices``, as here on a CPU), the engine's target forwards after
-    the prompt run that same compiled call: left-padded rows, output identical to compiled target-only."""
+    the prompt run that same compiled call, and the drafter's steps after its first run compiled on a static cache
+    of its own: left-padded rows, output identical to compiled target-only."""
+    from hf_vocabspec.generation import draft_step
+
     target, drafter = pair("llama")
     ids, mask = prompts(3)
     config = T.CompileConfig()
@@ -348,10 +351,27 @@ def test_static_cache_with_compile_verifies_with_the_compiled_call(monkeypatch):
               compile_config=config)
     ref = target.generate(**kw)
     monkeypatch.setattr(target, "get_compiled_call", counted)
+    drafts = []
+    compiled_call = draft_step.compiled_call
+
+    def counted_draft(module, options):
+        compiled = compiled_call(module, options)
+
+        def call(*args, **kwargs):
+            drafts.append(kwargs["input_ids"].shape[1])
+            return compiled(*args, **kwargs)
+        return call
+
+    eager = {k: v for k, v in kw.items() if k != "compile_config"}
+    target.generate(**eager, assistant_model=drafter)  # the drafts are what the eager steps propose
+    accepted = drafter.last_speculation_stats.per_round_accepted
+    monkeypatch.setattr(draft_step, "compiled_call", counted_draft)
     out = target.generate(**kw, assistant_model=drafter)
     assert torch.equal(out, ref), (ref.tolist(), out.tolist())
     stats = drafter.last_speculation_stats
     assert stats.compiled_verify and len(calls) == stats.rounds + stats.plain_steps - 1  # all but the prompt's
+    assert stats.compiled_draft and len(drafts) == stats.draft_steps - 1  # all but the first (the prompt's)
+    assert stats.per_round_accepted == accepted  # the compiled drafter on its static cache drafts the same tokens
 
 
 def test_static_cache_grows_where_a_round_needs_room(monkeypatch):
@@ -383,6 +403,34 @@ def test_power_static_cache_not_rolled_back_differs(monkeypatch):
     monkeypatch.setattr(engine._AlignedCache, "_set_length", stuck)
     ref, out = run_case("llama", 3, "greedy", cache_implementation="static")
     assert not torch.equal(out, ref)
+
+
+def test_power_compiled_drafter_misaligned_drafts_differently(monkeypatch):
+    """The acceptance comparison above catches a wrong drafter cache: rows of the drafter's static cache not
+    realigned after a round propose other drafts (the output stays exact: verification)."""
+    target, drafter = pair("llama")
+    ids, mask = prompts(3)
+    config = T.CompileConfig()
+    config._compile_all_devices = True
+    kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=10, cache_implementation="static")
+    target.generate(**kw, assistant_model=drafter)
+    accepted = drafter.last_speculation_stats.per_round_accepted
+    keep, init, current = engine._AlignedCache.keep, engine.SpeculativeEngine.__init__, []
+
+    def remember(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        current[:] = [self]
+
+    def not_realigned(self, kept, new_length):
+        if self is current[0].draft_cache:
+            kept = [new_length] * len(kept)
+        keep(self, kept, new_length)
+
+    monkeypatch.setattr(engine.SpeculativeEngine, "__init__", remember)
+    monkeypatch.setattr(engine._AlignedCache, "keep", not_realigned)
+    target.generate(**kw, assistant_model=drafter, compile_config=config)
+    assert drafter.last_speculation_stats.compiled_draft
+    assert drafter.last_speculation_stats.per_round_accepted != accepted
 
 
 def test_static_cache_sampling_matches_the_dynamic_cache():

@@ -18,10 +18,11 @@ emitted token); a grammar can still guide drafts through a draft constraint of i
 from __future__ import annotations
 
 import warnings
+import weakref
 from dataclasses import dataclass
 
 import torch
-from transformers.cache_utils import DynamicCache
+from transformers.cache_utils import DynamicCache, StaticCache
 from transformers.generation.logits_process import (
     MinLengthLogitsProcessor,
     MinNewTokensLengthLogitsProcessor,
@@ -144,11 +145,26 @@ class _Plain(_RowAware):
         return self.proc(input_ids, scores)
 
 
-def engine_cache(config) -> DynamicCache:
-    """A cache with the layer types the config declares (transformers' own construction), ready for rollback."""
-    cache = DynamicCache(config=config)
+def engine_cache(config, static_length: int = 0) -> DynamicCache | StaticCache:
+    """A cache with the layer types the config declares (transformers' own construction), ready for rollback;
+    ``static_length`` > 0: a static one of that many columns (for a compiled step)."""
+    cache = StaticCache(config=config, max_cache_len=static_length) if static_length else DynamicCache(config=config)
     cache.activate_past_recording()
     return cache
+
+
+# module -> (compile options, compiled __call__): a drafter's compiled step is built once and reused across calls
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def compiled_call(module: torch.nn.Module, options: dict):
+    """``torch.compile(module.__call__, **options)``, kept per module while the options stay the same (what
+    transformers' ``get_compiled_call`` does for a model that generates; a trimmed drafter's body is a base model)."""
+    held = _COMPILED.get(module)
+    if held is None or held[0] != options:
+        held = (options, torch.compile(module.__call__, **options))
+        _COMPILED[module] = held
+    return held[1]
 
 
 class DraftStep:
@@ -182,6 +198,18 @@ class DraftStep:
         # this: no read per drafted token); False: read at once (transformers' loop, SSD)
         self.defer_counts = False
         self._counts: dict[str, torch.Tensor] = {}
+        # ``compile``: a static cache of this many columns and the compiled forward for every step but the first
+        self.static_length = 0
+        self._compiled = None
+
+    def compile(self, options: dict, static_length: int) -> None:
+        """Run the drafter's forwards after its first (the prompt's) compiled, on static caches (``new_cache``)."""
+        self.static_length = int(static_length)
+        self._compiled = compiled_call(self.body if self.trimmed else self.model, options)
+
+    @property
+    def compiled(self) -> bool:
+        return self._compiled is not None
 
     # --- the drafter's forward ----------------------------------------------------------------------------
     @property
@@ -191,7 +219,7 @@ class DraftStep:
 
     def new_cache(self) -> DynamicCache:
         config = self.model.model.config if self.trimmed else self.model.config.get_text_config(decoder=True)
-        return engine_cache(config)
+        return engine_cache(config, self.static_length)
 
     def _in_range(self, input_ids: torch.Tensor) -> torch.Tensor:
         """A padded target's ids past the drafter's embedding (untrained rows a target rarely emits) are fed as
@@ -199,20 +227,25 @@ class DraftStep:
         rows = self.embedding_rows
         return input_ids if rows is None else torch.where(input_ids < rows, input_ids, 0)
 
-    def hidden(self, input_ids, cache, attention_mask=None, position_ids=None, **kwargs) -> torch.Tensor:
-        """Last hidden states (trimmed drafter) of a forward on ``cache``; (B, n, hidden)."""
+    def hidden(self, input_ids, cache, attention_mask=None, position_ids=None, compiled: bool = False,
+               **kwargs) -> torch.Tensor:
+        """Last hidden states (trimmed drafter) of a forward on ``cache``; (B, n, hidden). ``compiled``: through
+        the compiled forward (``compile``)."""
         input_ids = self._in_range(input_ids)
-        out = self.body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                        use_cache=True, **kwargs, **{cache_kwarg(self.body): cache})
+        call = self._compiled if compiled and self._compiled is not None else self.body
+        out = call(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                   use_cache=True, **kwargs, **{cache_kwarg(self.body): cache})
         return out.last_hidden_state
 
-    def logits(self, input_ids, cache, attention_mask=None, position_ids=None) -> torch.Tensor:
+    def logits(self, input_ids, cache, attention_mask=None, position_ids=None, compiled: bool = False) -> torch.Tensor:
         """Draft-space logits (B, n_ids) float32 at the last fed position."""
         if self.trimmed:
-            return self.vocab.logits(self.hidden(input_ids, cache, attention_mask, position_ids)[:, -1]).float()
-        out = self.model(input_ids=self._in_range(input_ids), attention_mask=attention_mask,
-                         position_ids=position_ids, use_cache=True, logits_to_keep=1,
-                         **{cache_kwarg(self.model): cache})
+            hidden = self.hidden(input_ids, cache, attention_mask, position_ids, compiled=compiled)
+            return self.vocab.logits(hidden[:, -1]).float()
+        call = self._compiled if compiled and self._compiled is not None else self.model
+        out = call(input_ids=self._in_range(input_ids), attention_mask=attention_mask,
+                   position_ids=position_ids, use_cache=True, logits_to_keep=1,
+                   **{cache_kwarg(self.model): cache})
         return out.logits[:, -1].float()
 
     def draft_width(self) -> int:
@@ -320,9 +353,9 @@ class DraftStep:
         return probs.gather(-1, idx)[:, 0] < self.confidence_threshold
 
     def __call__(self, input_ids, cache, contexts, row_ids=None, attention_mask=None,
-                 position_ids=None) -> DraftedToken:
+                 position_ids=None, compiled: bool = False) -> DraftedToken:
         """Feed ``input_ids`` after ``cache`` and draft the next position of every row."""
-        logits = self.logits(input_ids, cache, attention_mask, position_ids)
+        logits = self.logits(input_ids, cache, attention_mask, position_ids, compiled=compiled)
         if self.constraint is not None:  # first, as target-only applies the caller's processors before its warpers
             logits = self.constrain(logits, row_ids if row_ids is not None else list(range(logits.shape[0])))
         logits = self.process(logits, contexts, row_ids)

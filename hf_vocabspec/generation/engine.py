@@ -356,7 +356,7 @@ class SpeculativeEngine:
                  attention_mask: torch.Tensor | None, target_cache: DynamicCache | None, num_draft_tokens: int,
                  confidence_threshold: float = 0.0, speculation: str = "auto", streamer=None,
                  schedule: str = "constant", keep_scores: bool = False, keep_logits: bool = False,
-                 constrain_drafts: bool = True, target_call=None):
+                 constrain_drafts: bool = True, target_call=None, compile_options: dict | None = None):
         if speculation not in SPECULATION_MODES:
             raise ValueError(f"batched_speculation must be one of {SPECULATION_MODES}, got {speculation!r}: set "
                              "drafter.generation_config.batched_speculation to one of them.")
@@ -397,16 +397,20 @@ class SpeculativeEngine:
         self.step = DraftStep(assistant, self.processors, do_sample=self.do_sample,
                               confidence_threshold=confidence_threshold, stats=self.stats, vocab_size=self.vocab_size)
         self.step.defer_counts = True  # its draw counters are read once, at the end of the call
-        # a static cache (cache_implementation="static") starts with room for max_length plus one round's drafts
+        # a static cache starts with room for max_length plus one round's drafts (``_AlignedCache.reserve`` grows it)
+        self.capacity = int(generation_config.max_length) + self.L + FORCED_ROOM + 1
+        if compile_options is not None:  # the drafter's steps compiled too, on a static cache of their own
+            self.step.compile(compile_options, self.capacity)
         self.target_cache = _AlignedCache(target_cache if target_cache is not None else
                                           DynamicCache(config=target.config.get_text_config(decoder=True)),
-                                          capacity=int(generation_config.max_length) + self.L + FORCED_ROOM + 1)
+                                          capacity=self.capacity)
         self.stats.target_cache = type(self.target_cache.cache).__name__
         # the compiled call target-only generate would decode with (hooks.compiled_verify): every forward after
         # the prompt's (which stays eager, as target-only prefills eagerly)
         self.target_call = target_call
         self.stats.compiled_verify = target_call is not None
-        self.draft_cache = _AlignedCache(self.step.new_cache())
+        self.stats.compiled_draft = self.step.compiled
+        self.draft_cache = _AlignedCache(self.step.new_cache(), capacity=self.capacity)
         # A grammar among the processors guides the drafts through the drafter's own copy of it (.constraints)
         found = draft_constraint_for(self.processors) if self.stepwise and constrain_drafts else None
         self.constraint = TrackedConstraint(found, B) if found is not None else None
@@ -484,7 +488,8 @@ class SpeculativeEngine:
         cache = self.draft_cache
         start, n = cache.length, tokens.shape[1]
         cache.reserve(start + n)
-        drafted = self.step(tokens, cache.cache, contexts, row_ids, self._mask(start + n), self._positions(start, n))
+        drafted = self.step(tokens, cache.cache, contexts, row_ids, self._mask(start + n, cache.width),
+                            self._positions(start, n), compiled=start > 0)
         cache.grew(n)
         return drafted
 
@@ -782,7 +787,7 @@ class SpeculativeEngine:
         # columns short of their end (one block is fed next round)
         short = max(1, max(x - min(k, self.drafted_len) for x, k in zip(length, kept)))
         if short > min(length):  # rare (a drafter far behind, rows far apart): it re-reads the rows
-            self.draft_cache = _AlignedCache(self.step.new_cache())
+            self.draft_cache = _AlignedCache(self.step.new_cache(), capacity=self.capacity)
             self.drafted_len = 0
         else:
             self.draft_cache.keep([x - short for x in length], m - short)
@@ -994,7 +999,9 @@ class SpeculativeEngine:
         if P > 1:
             self._target_forward(self.seq[:, :-1], keep=1)
         if self.speculation != "off" and P > 2:
-            self.step.logits(self.seq[:, :-2], self.draft_cache.cache, self._mask(P - 2), self._positions(0, P - 2))
+            self.draft_cache.reserve(P - 2)
+            self.step.logits(self.seq[:, :-2], self.draft_cache.cache, self._mask(P - 2, self.draft_cache.width),
+                             self._positions(0, P - 2))
             self.draft_cache.grew(P - 2)
             self.drafted_len = P - 2
         self.seq, self.pad_cols, self.pad_list = seq, pad, pad_list

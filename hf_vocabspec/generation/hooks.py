@@ -334,7 +334,9 @@ def _run_engine(target, assistant, bound: dict, kernels: str = "F.linear (not ou
         keep_logits=bool(generation_config.return_dict_in_generate and generation_config.output_logits),
         constrain_drafts=check_constrain_drafts(
             getattr(getattr(assistant, "generation_config", None), "constrain_drafts", True)),
-        target_call=target.get_compiled_call(generation_config.compile_config) if compiled else None)
+        target_call=target.get_compiled_call(generation_config.compile_config) if compiled else None,
+        compile_options=(generation_config.compile_config or target._default_compile_config()).to_dict()
+        if compiled else None)
     engine.stats.kernels = kernels
     sequences = engine.run()
     assistant.last_speculation_stats = engine.stats
