@@ -174,17 +174,16 @@ def verify_head(model: nn.Module, enabled: bool = True) -> Iterator[bool]:
 
 
 @contextmanager
-def generate_kernels(target: nn.Module, assistant, target_too: bool = True) -> Iterator[FastLinears]:
+def generate_kernels(target: nn.Module, assistant, compiled: bool = False) -> Iterator[FastLinears]:
     """The one kernel choice of a generate call with one of our assistants (``generation.hooks`` enters only this):
     the fast linears (:func:`hf_vocabspec.kernels.fast_linears`) on the target's and drafter's linear layers unless
     ``use_fast_linears`` is off, then the verify head on the target's LM head unless ``use_verify_head`` is off. The
     fast linears are entered first: a head they wrap is left alone by the verify head (it sees a replaced forward), so
     the verify head serves only where they do not (see :mod:`hf_vocabspec.kernels` for why both exist). Yields the
-    fast linears' report (``stats.kernels``). ``target_too=False`` (the target's forwards are compiled): the drafter's
-    fast linears only; the target's layers stay what the compiler traces."""
-    models = (target, assistant) if target_too else (assistant,)
-    with fast_linears(*models, enabled=wants_fast_linears(assistant)) as fast, \
-            verify_head(target, enabled=target_too and wants_verify_head(assistant)):
+    fast linears' report (``stats.kernels``). ``compiled`` (the verify and the draft steps run compiled): neither,
+    so the layers stay what the compiler traces."""
+    with fast_linears(target, assistant, enabled=not compiled and wants_fast_linears(assistant)) as fast, \
+            verify_head(target, enabled=not compiled and wants_verify_head(assistant)):
         yield fast
 
 

@@ -396,9 +396,9 @@ def test_power_static_cache_not_rolled_back_differs(monkeypatch):
     """Where rejected columns stay in the static cache (its fill level is not moved back), the output differs."""
     set_length = engine._AlignedCache._set_length
 
-    def stuck(self, layer, length):
+    def stuck(self, layer, length, columns):
         if not isinstance(layer, engine.StaticLayer):
-            set_length(self, layer, length)
+            set_length(self, layer, length, columns)
 
     monkeypatch.setattr(engine._AlignedCache, "_set_length", stuck)
     ref, out = run_case("llama", 3, "greedy", cache_implementation="static")

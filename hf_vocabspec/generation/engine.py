@@ -222,6 +222,8 @@ class _AlignedCache:
     @property
     def width(self) -> int | None:
         """Static layers: the columns their buffers hold (the mask's width); None for a dynamic cache."""
+        if not self.static:
+            return None
         return next((layer.max_cache_len for layer in self.cache.layers if isinstance(layer, StaticLayer)), None)
 
     def reserve(self, columns: int) -> None:
@@ -248,12 +250,13 @@ class _AlignedCache:
             for t in (layer.keys, layer.values):
                 torch._dynamo.mark_static_address(t)
 
-    def _set_length(self, layer, length: int) -> None:
-        """After moving columns: a dynamic layer keeps ``length`` columns, a static one its fill level."""
+    def _set_length(self, layer, length: int, columns) -> None:
+        """After moving columns: a dynamic layer keeps ``length`` columns (``columns``: its ``_columns``), a static
+        one its fill level."""
         if isinstance(layer, StaticLayer):
             layer.cumulative_length.fill_(length)
             return
-        for name, _, sdim in self._columns(layer):
+        for name, _, sdim in columns:
             setattr(layer, name, getattr(layer, name).narrow(sdim, 0, length))
 
     @staticmethod
@@ -286,17 +289,18 @@ class _AlignedCache:
         device = None
         removed = [self.length - k for k in keep]
         for layer in self.cache.layers:
-            if groups and device is None and self._columns(layer):
-                device = getattr(layer, self._columns(layer)[0][0]).device
+            columns = self._columns(layer)
+            if groups and device is None and columns:
+                device = getattr(layer, columns[0][0]).device
                 groups = [(s, upload(rows, device)) for s, rows in groups]
-            for name, bdim, sdim in self._columns(layer):
+            for name, bdim, sdim in columns:
                 t = getattr(layer, name)
                 for s, rows in groups:
                     dst = t.narrow(sdim, s, new_length - s)
                     src = t.narrow(sdim, 0, new_length - s).index_select(bdim, rows)  # copies before writing
                     dst.index_copy_(bdim, rows, src)
-            if self._columns(layer):
-                self._set_length(layer, new_length)
+            if columns:
+                self._set_length(layer, new_length, columns)
             for i in self._conv(layer):
                 layer.conv_states[i] = self._roll_back_conv(layer.conv_states[i], removed, layer.conv_kernel_size[i])
         self.length = new_length
@@ -471,25 +475,30 @@ class SpeculativeEngine:
             return cols[None, :].expand(len(self.pad_list), n)
         return (cols[None, :] - self.pad_cols[:, None]).clamp(min=0)
 
+    def _layout(self, cache: _AlignedCache, n: int) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(attention mask, position ids) of ``n`` positions fed after ``cache`` (a static cache first makes room
+        for them; its mask is as wide as its buffers)."""
+        start = cache.length
+        cache.reserve(start + n)
+        return self._mask(start + n, cache.width), self._positions(start, n)
+
     def _target_forward(self, tokens: torch.Tensor, keep: int | None = None) -> torch.Tensor:
         """Feed ``tokens`` (B, n) after the target cache; logits of the last ``keep`` (default all) positions,
         (B, keep, V) float32."""
         cache = self.target_cache
         start, n = cache.length, tokens.shape[1]
         keep = n if keep is None else keep
-        cache.reserve(start + n)
+        mask, positions = self._layout(cache, n)
         call = self.target_call if self.target_call is not None and start else self.target
-        out = call(input_ids=tokens, attention_mask=self._mask(start + n, cache.width), position_ids=self._positions(start, n),
-                          use_cache=True, logits_to_keep=keep, **{cache_kwarg(self.target): cache.cache})
+        out = call(input_ids=tokens, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=keep,
+                   **{cache_kwarg(self.target): cache.cache})
         cache.grew(n)
         return out.logits[:, -keep:].float()
 
     def _draft_forward(self, tokens: torch.Tensor, contexts, row_ids):
         cache = self.draft_cache
         start, n = cache.length, tokens.shape[1]
-        cache.reserve(start + n)
-        drafted = self.step(tokens, cache.cache, contexts, row_ids, self._mask(start + n, cache.width),
-                            self._positions(start, n), compiled=start > 0)
+        drafted = self.step(tokens, cache.cache, contexts, row_ids, *self._layout(cache, n), compiled=start > 0)
         cache.grew(n)
         return drafted
 
@@ -999,9 +1008,7 @@ class SpeculativeEngine:
         if P > 1:
             self._target_forward(self.seq[:, :-1], keep=1)
         if self.speculation != "off" and P > 2:
-            self.draft_cache.reserve(P - 2)
-            self.step.logits(self.seq[:, :-2], self.draft_cache.cache, self._mask(P - 2, self.draft_cache.width),
-                             self._positions(0, P - 2))
+            self.step.logits(self.seq[:, :-2], self.draft_cache.cache, *self._layout(self.draft_cache, P - 2))
             self.draft_cache.grew(P - 2)
             self.drafted_len = P - 2
         self.seq, self.pad_cols, self.pad_list = seq, pad, pad_list

@@ -463,8 +463,8 @@ def install() -> None:
                                  "session's trimmed drafter (session.drafter) as assistant_model for constrained "
                                  "generation.")
             return assisted(self, *args, **kwargs)  # SSD: its candidate generator inside transformers' loop
-        compiled = compiled_verify(self, bound)  # then the target's linears and head stay as compile sees them
-        with _verify_head.generate_kernels(self, assistant, target_too=not compiled) as fast:  # the one kernel choice
+        compiled = compiled_verify(self, bound)  # then the layers stay as compile sees them
+        with _verify_head.generate_kernels(self, assistant, compiled=compiled) as fast:  # the one kernel choice
             if _TRANSFORMERS_LOOP.get() and input_ids.shape[0] == 1 and not stateful:
                 return assisted(self, *args, **kwargs)
             kernels = str(fast)
