@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from marginals import PVALUE_THRESHOLD, chi2_pvalue, exact_marginals
-from tiny import EOS, VOCAB, make_pair
+from tiny import EOS, VOCAB, fake_compile, make_pair
 from tiny import left_padded as _batch
 
 import hf_vocabspec
@@ -190,13 +190,23 @@ def test_sampling_marginals_exact_per_row(sampled_pair):
     assert drafter.last_speculation_stats.batch_size == len(PROMPTS) * COPIES
 
 
+def test_sampling_marginals_exact_with_a_compiled_verify(sampled_pair, monkeypatch):
+    """Under a compiled verify the rounds at a call's end draft all L (one verify width): drafts past a row's
+    budget are verified but never emitted. 3-token calls with L = 2: every call's later rounds are such rounds."""
+    target, drafter = sampled_pair
+    widths = fake_compile(monkeypatch, target)
+    pvalues = _pvalues(target, _draw(target, drafter))
+    assert min(pvalues) >= PVALUE_THRESHOLD, pvalues
+    assert drafter.last_speculation_stats.compiled_verify and set(widths) <= {1, 3}, set(widths)
+
+
 def test_power_wrong_q_fails(sampled_pair, monkeypatch):
     target, drafter = sampled_pair
     original = engine.SpeculativeEngine._verify
 
-    def wrong_q(self, idx, q, drafts, p_logits, proposes):  # verify against a q the drafts were NOT drawn from
+    def wrong_q(self, q, drafts, p_logits, proposes):  # verify against a q the drafts were NOT drawn from
         bent = q**3
-        return original(self, idx, bent / bent.sum(-1, keepdim=True), drafts, p_logits, proposes)
+        return original(self, bent / bent.sum(-1, keepdim=True), drafts, p_logits, proposes)
 
     monkeypatch.setattr(engine.SpeculativeEngine, "_verify", wrong_q)
     assert min(_pvalues(target, _draw(target, drafter))) < PVALUE_THRESHOLD

@@ -17,7 +17,7 @@ import string
 import pytest
 import torch
 import transformers as T
-from tiny import EOS, VOCAB
+from tiny import EOS, VOCAB, fake_compile
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
@@ -374,6 +374,38 @@ def test_static_cache_with_compile_runs_compiled_steps(monkeypatch):
     assert stats.per_round_accepted == accepted  # the compiled drafter on its static cache drafts the same tokens
 
 
+@pytest.mark.parametrize("max_new", [7, 10])
+def test_compiled_verify_keeps_one_width_to_the_calls_end(monkeypatch, max_new):
+    """With a compiled verify every round verifies L + 1 positions, the call's last rounds too (each new width
+    would be a recompile; CUDA graphs capture one graph per shape): output identical to target-only, and the stats
+    count what eager rounds within the budget count. The eager run's widths show the case is exercised: there,
+    the last rounds shrink to the budget."""
+    target, drafter = pair("llama")
+    ids, mask = prompts(3)
+    kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new)
+    ref = target.generate(**kw)
+    eager_widths = []
+    forward = target.forward
+
+    def recorded(*args, **kwargs):
+        eager_widths.append(kwargs["input_ids"].shape[1])
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(target, "forward", recorded)
+    target.generate(**kw, assistant_model=drafter)
+    monkeypatch.setattr(target, "forward", forward)
+    eager = drafter.last_speculation_stats
+    L = int(drafter.generation_config.num_assistant_tokens)
+    assert any(1 < w < L + 1 for w in eager_widths[1:]), eager_widths  # eager: the end's rounds verify fewer
+    widths = fake_compile(monkeypatch, target)
+    out = target.generate(**kw, assistant_model=drafter)
+    assert torch.equal(out, ref), (ref.tolist(), out.tolist())
+    stats = drafter.last_speculation_stats
+    assert stats.compiled_verify and set(widths) <= {1, L + 1} and L + 1 in widths, widths
+    assert stats.per_round_accepted == eager.per_round_accepted
+    assert stats.per_round_proposed == eager.per_round_proposed
+
+
 def test_static_cache_grows_where_a_round_needs_room(monkeypatch):
     """Rows at different lengths each verify up to L positions, past generate's max_length: the buffers grow
     (here from generate's max_length itself) and the output is unchanged."""
@@ -431,6 +463,30 @@ def test_power_compiled_drafter_misaligned_drafts_differently(monkeypatch):
     target.generate(**kw, assistant_model=drafter, compile_config=config)
     assert drafter.last_speculation_stats.compiled_draft
     assert drafter.last_speculation_stats.per_round_accepted != accepted
+
+
+def test_power_positions_of_a_stale_padding_layout_differ(monkeypatch):
+    """Position ids and masks are views of grids built once per padding layout: a grid kept after rows shift
+    right (a round where rows accepted different numbers of drafts; rebuilt here only when rows leave the batch)
+    must make the output differ."""
+    shifts = []
+
+    def stale(name):
+        def setter(self, value):
+            old = getattr(self, name, None)
+            setattr(self, name, value)
+            if old is None or len(old) != len(value):
+                self._grids = None
+            else:
+                shifts.append(name)
+        return setter
+
+    for name in ("pad_cols", "pad_list"):
+        prop = getattr(engine.SpeculativeEngine, name)
+        monkeypatch.setattr(engine.SpeculativeEngine, name, property(prop.fget, stale("_" + name)))
+    ref, out = run_case("llama", 3, "greedy")
+    assert shifts, "no round shifted rows: the test does not exercise a layout change"
+    assert not torch.equal(out, ref)
 
 
 def test_static_cache_sampling_matches_the_dynamic_cache():

@@ -201,3 +201,23 @@ def left_padded(lengths: list[int], seed: int = 0):
         ids[i, P - n :] = torch.randint(3, VOCAB, (n,), generator=g)
         mask[i, P - n :] = 1
     return ids, mask
+
+
+def fake_compile(monkeypatch, target) -> list[int]:
+    """The compiled path's rounds without compiling (eager cost): hooks takes the call for one target-only would
+    compile, and the "compiled" verify and draft calls are the eager modules. Returns the widths the verify call
+    is given, as they arrive."""
+    from hf_vocabspec.generation import draft_step, hooks
+
+    widths: list[int] = []
+
+    def get_compiled_call(compile_config):
+        def call(*args, **kwargs):
+            widths.append(kwargs["input_ids"].shape[1])
+            return target(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(hooks, "compiled_verify", lambda model, bound: True)
+    monkeypatch.setattr(target, "get_compiled_call", get_compiled_call)
+    monkeypatch.setattr(draft_step, "compiled_call", lambda module, options: module)
+    return widths

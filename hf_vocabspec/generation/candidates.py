@@ -114,10 +114,11 @@ class TrimmedCandidateGenerator(AssistedCandidateGenerator):
                 laws.append(drafted.probs)
             seq = torch.cat([seq, drafted.token], dim=1)
             to_feed = drafted.token
-            stop = drafted.unsure.any()  # transformers' ConfidenceCriteria: stop after an unsure draft
-            if self.eos is not None:
-                stop = stop | torch.isin(drafted.token, self.eos).any()
-            if read(stop, self.stats):  # one read per drafted token (transformers' loop: it stops at an EOS)
+            stop = drafted.unsure.any() if drafted.unsure is not None else None  # transformers' ConfidenceCriteria:
+            if self.eos is not None:  # stop after an unsure draft, and (as transformers' loop) at an EOS
+                eos = torch.isin(drafted.token, self.eos).any()
+                stop = eos if stop is None else stop | eos
+            if stop is not None and read(stop, self.stats):  # one read per drafted token
                 break
         if not laws:
             return seq, None

@@ -43,7 +43,8 @@ class DraftedToken:
     idx: torch.Tensor  # (B, 1) draft-space index of the draw
     token: torch.Tensor  # (B, 1) target id (RDK may have moved a kept draw to a pruned neighbour)
     probs: torch.Tensor | None  # (B, n_ids) the law the draw came from (sampling only), over the draft space
-    unsure: torch.Tensor  # (B,) bool: the drafter gave its draw less than the confidence threshold
+    unsure: torch.Tensor | None  # (B,) bool: the drafter gave its draw less than the confidence threshold (None:
+    # no threshold is set)
 
 
 class _RowAware:
@@ -316,7 +317,7 @@ class DraftStep:
         """Draft indices -> target ids; RDK moves kept draws to a neighbour (j ~ M[i])."""
         if self.vocab is None:
             return idx
-        tokens = self.vocab.ids[idx]
+        tokens = torch.take(self.vocab.ids, idx)
         if self.vocab.num_context:  # (nothing to count without context tokens)
             self._count("context_proposed", (idx >= self.vocab.k).sum())
         if self.rdk is not None:  # rows of context-token draws keep them (chosen on the device: no read)
@@ -358,11 +359,16 @@ class DraftStep:
         logits = self.logits(input_ids, cache, attention_mask, position_ids, compiled=compiled)
         if self.constraint is not None:  # first, as target-only applies the caller's processors before its warpers
             logits = self.constrain(logits, row_ids if row_ids is not None else list(range(logits.shape[0])))
-        logits = self.process(logits, contexts, row_ids)
-        idx, probs = self.draw(logits)
-        token = self.to_tokens(idx)
+        if self.processors:
+            logits = self.process(logits, contexts, row_ids)
+        idx, probs = self.draw(logits) if self.do_sample else (logits.argmax(dim=-1, keepdim=True), None)
+        vocab = self.vocab
+        # the common case in one op: draft index -> target id (``to_tokens`` without RDK or context tokens)
+        token = (torch.take(vocab.ids, idx) if vocab is not None and self.rdk is None and not vocab.num_context
+                 else self.to_tokens(idx))
         self.stats.draft_steps += 1
-        return DraftedToken(idx, token, probs, self.is_unsure(logits, idx, probs))
+        return DraftedToken(idx, token, probs,
+                            self.is_unsure(logits, idx, probs) if self.confidence_threshold else None)
 
     # --- the exact law --------------------------------------------------------------------------------------
     def q_target(self, probs: torch.Tensor, vocab_size: int) -> torch.Tensor:

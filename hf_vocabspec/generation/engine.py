@@ -159,7 +159,16 @@ class _Round:
     """One round's outcome for the computing rows."""
 
     accepted: torch.Tensor  # (B,) drafts accepted per row
-    new_tokens: torch.Tensor  # (B,) the target's token after the accepted drafts
+    # (B, J): row b's token after its accepted drafts is tokens[b, accepted[b]] where J > 1 (greedy: the target's
+    # argmax at every verified position, read with the round's outcome instead of gathered), else tokens[b, 0]
+    tokens: torch.Tensor
+
+    def new_column(self, accepted: list[int]) -> torch.Tensor | None:
+        """(B, 1) the new tokens on the device where they are one view (no gather), else None; ``accepted``: the
+        host copy of ``self.accepted``."""
+        if self.tokens.shape[1] == 1:
+            return self.tokens
+        return self.tokens.narrow(1, accepted[0], 1) if len(set(accepted)) == 1 else None
 
 
 @dataclass
@@ -218,6 +227,7 @@ class _AlignedCache:
             cache.layer_class_to_replicate = DynamicLayer
         self.cache = cache
         self.length = 0  # columns of the attention layers
+        self.conv = any(isinstance(layer, LinearAttentionLayer) for layer in cache.layers)  # states rolled back
 
     @property
     def width(self) -> int | None:
@@ -285,6 +295,8 @@ class _AlignedCache:
         In place: only the rows that shift are copied (grouped by shift); convolution states drop each row's
         rejected tail and go back to their kernel size. No device read: the groups are found on the host."""
         shift = [new_length - k for k in keep]
+        if new_length == self.length and not any(shift) and not self.conv:  # every row keeps all it holds
+            return
         groups = [(s, [i for i, x in enumerate(shift) if x == s]) for s in sorted(set(shift)) if s > 0]
         device = None
         removed = [self.length - k for k in keep]
@@ -438,7 +450,7 @@ class SpeculativeEngine:
         # once per round (generation/host.py).
         self.seq = input_ids.clone()
         self.pad_cols = (P - mask.sum(dim=1)).long()
-        self.pad_list: list[int] = read(self.pad_cols, self.stats, setup=True)
+        self.pad_list = read(self.pad_cols, self.stats, setup=True)
         self.row_list: list[int] = list(range(B))  # original row of each computing row
         self.emitted: list[int] = []  # tokens emitted since the drafter's context tokens were last updated
         # Stepwise: per original row, its verified but not yet decided positions (``_Pending``), one per token at
@@ -447,6 +459,7 @@ class SpeculativeEngine:
         if self.step.vocab is not None:  # the prompts' own tokens (padding excluded)
             self.step.vocab.add(input_ids[mask.bool()], self.stats)
         self.drafted_len = 0  # columns of seq the drafter cache holds
+        self._constants: dict[tuple[int, int], torch.Tensor] = {}  # ``_constant``
         self.setting = (id(target), self.do_sample, self.L, schedule, len(self.processors))
         try:
             self.memory = _MEMORIES.setdefault(assistant, _Memory())
@@ -455,32 +468,66 @@ class SpeculativeEngine:
         self.measured: list[Measured] = self.memory.recall(self.setting) if self.speculation == "auto" else []
 
     # ---- helpers -------------------------------------------------------------------------------------------
+    @property
+    def pad_cols(self) -> torch.Tensor:
+        """(B,) masked columns on the left of each computing row, on the device (``pad_list``: its host copy)."""
+        return self._pad_cols
+
+    @pad_cols.setter
+    def pad_cols(self, value: torch.Tensor) -> None:
+        self._pad_cols = value
+        self._grids = None  # the positions and masks of the old layout
+
+    @property
+    def pad_list(self) -> list[int]:
+        return self._pad_list
+
+    @pad_list.setter
+    def pad_list(self, value: list[int]) -> None:
+        self._pad_list = value
+        self._grids = None
+
+    def _grid(self, columns: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(position ids, 2-D mask or None) of columns [0, N), N >= ``columns``, for the computing rows: built once
+        per padding layout (``pad_cols``), then each forward takes a view of its columns (no op per position)."""
+        grids = self._grids
+        if grids is None or grids[0].shape[1] < columns:
+            cols = torch.arange(max(columns, self.capacity), device=self.device)
+            if self.padded:
+                grids = ((cols[None, :] - self.pad_cols[:, None]).clamp(min=0),
+                         (cols[None, :] >= self.pad_cols[:, None]).long())
+            else:
+                grids = (cols[None, :].expand(len(self.pad_list), cols.numel()), None)
+            self._grids = grids
+        return grids
+
     def _mask(self, length: int, width: int | None = None) -> torch.Tensor | None:
         """The 2-D mask of the computing rows, or None when no row holds padding (as generate drops an all-ones
         mask: the models' causal fast paths apply); ``width`` > length: zeros after ``length`` (a static cache's
         unwritten columns, as generate pads it)."""
         if not self.padded:
             return None
-        cols = torch.arange(max(width or 0, length), device=self.device)
-        mask = cols[None, :] >= self.pad_cols[:, None]
-        return (mask & (cols[None, :] < length) if cols.numel() > length else mask).long()
+        mask = self._grid(max(width or 0, length))[1]
+        if width is None or width <= length:
+            return mask.narrow(1, 0, length)
+        return mask.narrow(1, 0, width).masked_fill(torch.arange(width, device=self.device) >= length, 0)
 
     @property
     def padded(self) -> bool:
         return any(self.pad_list)
 
     def _positions(self, start: int, n: int) -> torch.Tensor:
-        cols = torch.arange(start, start + n, device=self.device)
-        if not self.padded:
-            return cols[None, :].expand(len(self.pad_list), n)
-        return (cols[None, :] - self.pad_cols[:, None]).clamp(min=0)
+        return self._grid(start + n)[0].narrow(1, start, n)
 
     def _layout(self, cache: _AlignedCache, n: int) -> tuple[torch.Tensor | None, torch.Tensor]:
         """(attention mask, position ids) of ``n`` positions fed after ``cache`` (a static cache first makes room
         for them; its mask is as wide as its buffers)."""
         start = cache.length
-        cache.reserve(start + n)
-        return self._mask(start + n, cache.width), self._positions(start, n)
+        if cache.static:
+            cache.reserve(start + n)
+            return self._mask(start + n, cache.width), self._positions(start, n)
+        positions, mask = self._grid(start + n)  # (the common case in a few ops: views of the layout's grids)
+        return (mask.narrow(1, 0, start + n) if mask is not None else None), positions.narrow(1, start, n)
 
     def _target_forward(self, tokens: torch.Tensor, keep: int | None = None) -> torch.Tensor:
         """Feed ``tokens`` (B, n) after the target cache; logits of the last ``keep`` (default all) positions,
@@ -493,14 +540,8 @@ class SpeculativeEngine:
         out = call(input_ids=tokens, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=keep,
                    **{cache_kwarg(self.target): cache.cache})
         cache.grew(n)
-        return out.logits[:, -keep:].float()
-
-    def _draft_forward(self, tokens: torch.Tensor, contexts, row_ids):
-        cache = self.draft_cache
-        start, n = cache.length, tokens.shape[1]
-        drafted = self.step(tokens, cache.cache, contexts, row_ids, *self._layout(cache, n), compiled=start > 0)
-        cache.grew(n)
-        return drafted
+        logits = out.logits
+        return (logits if logits.shape[1] == keep else logits[:, -keep:]).float()
 
     def _candidates(self, drafts: torch.Tensor | None) -> torch.Tensor:
         """(B, P + W) ids of ALL original rows in target-only's layout: prompt, then each row's tokens (a computing
@@ -549,8 +590,8 @@ class SpeculativeEngine:
                 for r in self.row_list]
 
     def _draft(self, L: int, cap: int | None = None):
-        """Up to L drafter forwards per row: (draft indices (B, n), laws (B, n, n_ids) or None, target ids (B, n),
-        drafts each row proposes (B,)). A row stops proposing after an unsure draft or an EOS (on the device: no
+        """Up to L drafter forwards per row: (laws (B, n, n_ids) or None, target ids (B, n), drafts each row proposes
+        (B,)). A row stops proposing after an unsure draft or an EOS (on the device: no
         read). The batch stops drafting when every row has stopped only where a confidence stop is set (one read per
         drafted position: the early stop is what the threshold buys) or a draft constraint reads each draft
         anyway; otherwise it drafts all L positions with no read (past an EOS the drafts are simply not
@@ -569,9 +610,9 @@ class SpeculativeEngine:
         to_feed = self.seq[:, fed:]
         contexts = self._contexts()
         row_ids = self.row_list
-        idxs, probs, tokens = [], [], []
-        proposes = torch.full((len(row_ids),), cap, dtype=torch.long, device=self.device)
+        probs, tokens = [], []
         watch = self.step.confidence_threshold > 0 or self.constraint is not None
+        proposes = torch.full((len(row_ids),), cap, dtype=torch.long, device=self.device) if watch else None
         stopped = torch.zeros(len(row_ids), dtype=torch.bool, device=self.device) if watch else None
         n = forwards = 0
         while forwards < L and n < cap:
@@ -579,7 +620,6 @@ class SpeculativeEngine:
             if forced is not None:  # drafts the grammar determines: no drafter forward
                 idx, token = forced
                 k = token.shape[1]
-                idxs.append(idx)
                 tokens.append(token)
                 if self.do_sample:
                     probs.append(self._point_mass(idx))
@@ -589,10 +629,12 @@ class SpeculativeEngine:
                 n += k
                 self.stats.forced_proposed += k * len(row_ids)
                 continue
-            d = self._draft_forward(to_feed, contexts, row_ids)
+            cache = self.draft_cache  # the drafter feeds ``to_feed`` after its cache and drafts the next position
+            d = self.step(to_feed, cache.cache, contexts, row_ids, *self._layout(cache, to_feed.shape[1]),
+                          compiled=cache.length > 0)
+            cache.grew(to_feed.shape[1])
             forwards += 1
             fed = T + n
-            idxs.append(d.idx)
             tokens.append(d.token)
             if d.probs is not None:
                 probs.append(d.probs[:, None])
@@ -602,7 +644,7 @@ class SpeculativeEngine:
                 if contexts is not None:
                     contexts = [torch.cat([c, tok]) for c, tok in zip(contexts, d.token)]
                 continue
-            ends = d.unsure
+            ends = d.unsure if d.unsure is not None else torch.zeros_like(stopped)
             if self.eos is not None:
                 ends = ends | torch.isin(d.token[:, 0], self.eos)
             proposes = torch.where(~stopped & ends, n, proposes)
@@ -618,12 +660,23 @@ class SpeculativeEngine:
             if contexts is not None:
                 contexts = [torch.cat([c, tok]) for c, tok in zip(contexts, d.token)]
         tokens = torch.cat(tokens, dim=1)
-        if not watch and self.eos is not None:  # (no forced drafts here: they come with a draft constraint)
+        if watch:
+            proposes.clamp_(max=n)
+        elif self.eos is not None:  # up to its first EOS (no forced drafts here: they come with a draft constraint)
             ends = torch.isin(tokens, self.eos)
-            proposes = torch.where(ends.any(dim=1), ends.long().argmax(dim=1) + 1, proposes)
-        proposes.clamp_(max=n)
+            proposes = torch.where(ends.any(dim=1), ends.long().argmax(dim=1) + 1, n)
+        else:
+            proposes = self._constant(len(row_ids), n)
         self.drafted_len = fed
-        return torch.cat(idxs, dim=1), torch.cat(probs, dim=1) if probs else None, tokens, proposes
+        return torch.cat(probs, dim=1) if probs else None, tokens, proposes
+
+    def _constant(self, rows: int, value: int) -> torch.Tensor:
+        """A (rows,) long tensor of ``value`` on the device, made once (read-only: callers never write it)."""
+        key = (rows, value)
+        out = self._constants.get(key)
+        if out is None:
+            out = self._constants[key] = torch.full((rows,), value, dtype=torch.long, device=self.device)
+        return out
 
     def _point_mass(self, idx: torch.Tensor) -> torch.Tensor:
         """(B, k, n_ids) the law of forced drafts: all mass on the draft chosen (no draw was made)."""
@@ -648,29 +701,27 @@ class SpeculativeEngine:
                 self.constraint.draft(r, t)
         return idx[:, :k], token[:, :k]
 
-    def _verify(self, idx, q, drafts, p_logits, proposes) -> _Round:
+    def _verify(self, q, drafts, p_logits, proposes) -> _Round:
         """Accepted drafts per row and the target's next token (exact for greedy and sampling)."""
         B, L = drafts.shape
-        within = torch.arange(L, device=self.device)[None, :] < proposes[:, None]
+        # a row judges only the drafts it proposed: its run of accepted drafts is cut at ``proposes``
         if not self.do_sample:
             best = p_logits.argmax(dim=-1)  # (B, L+1)
-            match = ((best[:, :L] == drafts) & within).long()
-            accepted = match.cumprod(dim=1).sum(dim=1)
-            return _Round(accepted, best.gather(1, accepted[:, None])[:, 0])
+            accepted = torch.minimum((best[:, :L] == drafts).cumprod(dim=1).sum(dim=1), proposes)
+            return _Round(accepted, best)
         p = p_logits.softmax(dim=-1)  # (B, L+1, V)
         p_draft = p[:, :L].gather(2, drafts[..., None])[..., 0]  # p(d_i)
         q_full = self.step.q_target(q, p.shape[-1])  # (B, L, V): the round's one full-vocabulary law
         q_draft = q_full.gather(2, drafts[..., None])[..., 0]  # q(d_i) > 0: d_i was drawn from q
         u = torch.rand_like(p_draft)
-        ok = ((u * q_draft <= p_draft) & within).long()  # u <= p/q, without dividing
-        accepted = ok.cumprod(dim=1).sum(dim=1)
+        ok = u * q_draft <= p_draft  # u <= p/q, without dividing
+        accepted = torch.minimum(ok.cumprod(dim=1).sum(dim=1), proposes)
         rows = torch.arange(B, device=self.device)
         p_next = p[rows, accepted]  # (B, V) at the first rejected (or bonus) position
         rejected = accepted < proposes  # (the residual of every row, chosen on the device: no read)
         at = accepted.clamp(max=L - 1)
         p_next = torch.where(rejected[:, None], _residual(p_next, q_full[rows, at]), p_next)
-        new = torch.multinomial(p_next, 1)[:, 0]
-        return _Round(accepted, new)
+        return _Round(accepted, torch.multinomial(p_next, 1))
 
     def _take_context(self) -> None:
         """Pruned ids among the tokens emitted since the last round join the batch's context tokens."""
@@ -752,14 +803,16 @@ class SpeculativeEngine:
             rows.append(pending[r].pop(0) if live[r] and pending[r] else torch.zeros(width, device=self.device))
         return torch.stack(rows)
 
-    def _advance(self, full: torch.Tensor, kept: list[int], new: list[int],
-                 new_tokens: torch.Tensor | None = None) -> None:
-        """Computing row b keeps the first ``kept[b]`` columns of ``full`` (seq, then this round's drafts) and then
-        its new token ``new[b]`` (-1: none, its last kept column is a tentative draft); rows are realigned to end at
-        the same column, both caches cut to what each row keeps (each holds all but the last 1-2 tokens of a row:
-        what the next round feeds), stopped rows compacted out. ``kept`` and ``new`` are host lists (the round's
-        one read), ``new_tokens`` the same new tokens where they are already on the device: no read here."""
+    def _advance(self, drafts: torch.Tensor | None, kept: list[int], new: list[int],
+                 new_column: torch.Tensor | None = None) -> None:
+        """Computing row b keeps the first ``kept[b]`` columns of seq followed by this round's ``drafts`` (None:
+        none) and then its new token ``new[b]`` (-1: none, its last kept column is a tentative draft); rows are
+        realigned to end at the same column, both caches cut to what each row keeps (each holds all but the last
+        1-2 tokens of a row: what the next round feeds), stopped rows compacted out. ``kept`` and ``new`` are host
+        lists (the round's one read), ``new_column`` the same new tokens (B, 1) where they are on the device: no
+        read here."""
         start = time.perf_counter()
+        seq, T = self.seq, self.seq.shape[1]
         keep_idx = [i for i, r in enumerate(self.row_list) if self.ended[r] is None and self.finished_at[r] is None]
         if len(keep_idx) < len(self.row_list):
             sel = upload(keep_idx, self.device)
@@ -767,8 +820,9 @@ class SpeculativeEngine:
             self.row_list = [self.row_list[i] for i in keep_idx]
             self.pad_list = [self.pad_list[i] for i in keep_idx]
             kept, new = [kept[i] for i in keep_idx], [new[i] for i in keep_idx]
-            full = full[sel]
-            new_tokens = new_tokens[sel] if new_tokens is not None else None
+            seq = seq[sel]
+            drafts = drafts[sel] if drafts is not None else None
+            new_column = new_column[sel] if new_column is not None else None
             self.target_cache.select(sel)
             self.draft_cache.select(sel)
         if not self.row_list:
@@ -778,10 +832,14 @@ class SpeculativeEngine:
         m = max(length)
         shift = [m - x for x in length]
         if not any(shift) and min(new) >= 0:  # every row ends at m with its new token: nothing moves
-            if new_tokens is None:
-                new_tokens = upload(new, self.device)
-            self.seq = torch.cat([full[:, : m - 1], new_tokens[:, None]], dim=1)
+            if new_column is None:
+                new_column = upload([[t] for t in new], self.device)
+            pieces = [seq if m - 1 >= T else seq[:, : m - 1]]
+            if m - 1 > T:
+                pieces.append(drafts if m - 1 - T == drafts.shape[1] else drafts[:, : m - 1 - T])
+            self.seq = torch.cat([*pieces, new_column], dim=1)
         else:
+            full = seq if drafts is None else torch.cat([seq, drafts], dim=1)
             dev = upload([kept, new, shift], self.device)
             kept_t, new_t, shift_t = dev[0], dev[1], dev[2]
             cols = torch.arange(m, device=self.device)[None, :] - shift_t[:, None]  # new column -> column of full
@@ -815,7 +873,12 @@ class SpeculativeEngine:
         return max(self.max_new - len(self.gen[r]) for r in self.row_list)
 
     def _speculative_round(self) -> int:
-        L = min(self.L, self._remaining() - 1)
+        budget = self._remaining() - 1  # drafts the longest row can still use
+        L = min(self.L, budget)
+        if self.target_call is not None and L >= 1:
+            # compiled verify: every round verifies L + 1 positions, its end's rounds too (one shape, no recompile);
+            # what a row accepts past its budget is never emitted (_emit cuts there), nor counted in the stats
+            L = self.L
         if self.stepwise:
             return self._stepwise_round(max(L, 0), plain=False)
         if L < 1:  # one token left: a round with no drafts (counted as one, as transformers' loop counts it)
@@ -827,36 +890,44 @@ class SpeculativeEngine:
             return self._plain_step(round_=True)
         start = time.perf_counter()
         self._take_context()
-        idx, q, drafts, proposes = self._draft(L)
+        q, drafts, proposes = self._draft(L)
         t_draft = time.perf_counter()
         fresh = self.seq[:, self.target_cache.length :]  # the last token (the whole prompt in the first round)
         raw = self._target_forward(torch.cat([fresh, drafts], dim=1), keep=drafts.shape[1] + 1)
         logits = self._process_target(raw, drafts)
-        result = self._verify(idx, q, drafts, logits, proposes)
-        # the round's one read: per row its accepted drafts, new token, proposed drafts and the drafts
-        outcome = read(torch.cat([result.accepted[:, None], result.new_tokens[:, None], proposes[:, None], drafts],
-                                 dim=1), self.stats)
+        result = self._verify(q, drafts, logits, proposes)
+        # the round's one read: per row its accepted drafts, proposed drafts, the drafts and the new token(s)
+        outcome = read(torch.cat([torch.stack([result.accepted, proposes], dim=1), drafts, result.tokens], dim=1),
+                       self.stats)
+        n = drafts.shape[1]
         acc = [o[0] for o in outcome]
-        new = [o[1] for o in outcome]
-        props = [o[2] for o in outcome]
-        draft_rows = [o[3:] for o in outcome]
+        props = [o[1] for o in outcome]
+        draft_rows = [o[2 : 2 + n] for o in outcome]
+        greedy = result.tokens.shape[1] > 1  # (the new token at each row's first rejected or bonus position)
+        new = [o[2 + n + a] if greedy else o[2 + n] for o, a in zip(outcome, acc)]
         t_verify = time.perf_counter()
         self.stats.draft_seconds += t_draft - start
         self.stats.verify_seconds += t_verify - t_draft
         rows_before = len(self.row_list)
         emitted = self._emit(draft_rows, acc, new, logits, raw)
-        self.stats.rounds += 1
-        self.stats.row_rounds += rows_before
-        self.stats.proposed += sum(props)
-        self.stats.accepted += sum(acc)
-        self.stats.per_round_accepted.extend(acc)
-        self.stats.per_round_proposed.extend(props)
-        if self.schedule in ("heuristic", "heuristic_transient"):  # transformers' schedule, on the whole batch
-            self.L = self.L + 2 if acc == props else max(1, self.L - 1)
+        counted = (acc, props) if L <= budget else ([min(a, budget) for a in acc], [min(p, budget) for p in props])
+        self._count_round(rows_before, *counted)  # (a compiled verify's end: what a round within budget does)
         self._commit()
         T = self.seq.shape[1]
-        self._advance(torch.cat([self.seq, drafts], dim=1), [T + a for a in acc], new, result.new_tokens)
+        self._advance(drafts, [T + a for a in acc], new, result.new_column(acc))
         return emitted
+
+    def _count_round(self, rows: int, accepted: list[int], proposed: list[int], adapt: bool = True) -> None:
+        """A round's counters; ``adapt``: transformers' heuristic schedule (on the whole batch) moves L after it
+        (stepwise rows may accept more than they proposed this round: drafts left tentative earlier)."""
+        self.stats.rounds += 1
+        self.stats.row_rounds += rows
+        self.stats.proposed += sum(proposed)
+        self.stats.accepted += sum(accepted)
+        self.stats.per_round_accepted.extend(accepted)
+        self.stats.per_round_proposed.extend(proposed)
+        if adapt and self.schedule in ("heuristic", "heuristic_transient"):
+            self.L = self.L + 2 if all(a >= p for a, p in zip(accepted, proposed)) else max(1, self.L - 1)
 
     def _plain_step(self, round_: bool = False) -> int:
         """One target-only decode step for every computing row (exact: argmax or a draw from p); ``round_``: the
@@ -873,7 +944,7 @@ class SpeculativeEngine:
         self.stats.plain_steps += not round_
         emitted = self._emit(None, [0] * len(new), new, logits, raw)
         self._commit()
-        self._advance(self.seq, [self.seq.shape[1]] * len(new), new, new_tokens)
+        self._advance(None, [self.seq.shape[1]] * len(new), new, new_tokens[:, None])
         return emitted
 
     # ---- the exact processor contract (processors with state) ---------------------------------------------
@@ -901,7 +972,7 @@ class SpeculativeEngine:
         if L:
             self._take_context()
             cap = min(L + FORCED_ROOM, self._remaining() - 1) if self.constraint is not None and FORCED_ROOM else None
-            _, q, drafts, proposes = self._draft(L, cap)
+            q, drafts, proposes = self._draft(L, cap)
             seen = read(torch.cat([proposes[:, None], drafts], dim=1), self.stats)  # one read of the drafts
             props = [min(o[0], max(max(self.L, drafts.shape[1]) - t, 0)) for o, t in zip(seen, tentative)]
             draft_rows = [o[1:] for o in seen]
@@ -953,16 +1024,8 @@ class SpeculativeEngine:
         if plain:
             self.stats.plain_steps += 1
         else:
-            self.stats.rounds += 1
-            self.stats.row_rounds += len(rows)
-            self.stats.proposed += sum(props)
-            self.stats.accepted += sum(accepted)
-            self.stats.per_round_accepted.extend(accepted)
-            self.stats.per_round_proposed.extend(props)
-        if self.schedule in ("heuristic", "heuristic_transient") and L:
-            self.L = self.L + 2 if all(a >= p for a, p in zip(accepted, props)) else max(1, self.L - 1)
-        full = self.seq if drafts is None else torch.cat([self.seq, drafts], dim=1)
-        self._advance(full, kept, new)
+            self._count_round(len(rows), accepted, props, adapt=L > 0)
+        self._advance(drafts, kept, new)
         return emitted
 
     def _decide(self, scores: torch.Tensor, entries: list[_Pending]) -> tuple[list[int], list[bool]]:
@@ -1024,9 +1087,10 @@ class SpeculativeEngine:
         self.stats.decision = forced.get(self.speculation, "")
         mode = "decode" if self.speculation == "off" else "speculate"
         last_mode, iteration = None, 0
+        auto = self.speculation == "auto"
         while self.row_list:
             rows = len(self.row_list)
-            if self.speculation == "auto":
+            if auto:
                 mode, why = choose_mode(self.measured, rows, iteration)
                 if not why.startswith("probe") and why.split(" (")[0] != self.stats.decision.split(" (")[0]:
                     self.stats.decision = why
@@ -1035,7 +1099,7 @@ class SpeculativeEngine:
             t0 = time.perf_counter()
             emitted = self._speculative_round() if mode == "speculate" else self._plain_step()
             seconds = time.perf_counter() - t0
-            if mode == last_mode and seconds > 0:  # the first iteration after a switch pays one-off costs
+            if auto and mode == last_mode and seconds > 0:  # (the first iteration after a switch pays one-offs)
                 self.measured.append(Measured(mode, emitted / seconds, rows, iteration))
             last_mode = mode
             iteration += 1
