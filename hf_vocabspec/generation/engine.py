@@ -459,7 +459,6 @@ class SpeculativeEngine:
         if self.step.vocab is not None:  # the prompts' own tokens (padding excluded)
             self.step.vocab.add(input_ids[mask.bool()], self.stats)
         self.drafted_len = 0  # columns of seq the drafter cache holds
-        self._constants: dict[tuple[int, int], torch.Tensor] = {}  # ``_constant``
         self.setting = (id(target), self.do_sample, self.L, schedule, len(self.processors))
         try:
             self.memory = _MEMORIES.setdefault(assistant, _Memory())
@@ -666,17 +665,9 @@ class SpeculativeEngine:
             ends = torch.isin(tokens, self.eos)
             proposes = torch.where(ends.any(dim=1), ends.long().argmax(dim=1) + 1, n)
         else:
-            proposes = self._constant(len(row_ids), n)
+            proposes = torch.full((len(row_ids),), n, dtype=torch.long, device=self.device)
         self.drafted_len = fed
         return torch.cat(probs, dim=1) if probs else None, tokens, proposes
-
-    def _constant(self, rows: int, value: int) -> torch.Tensor:
-        """A (rows,) long tensor of ``value`` on the device, made once (read-only: callers never write it)."""
-        key = (rows, value)
-        out = self._constants.get(key)
-        if out is None:
-            out = self._constants[key] = torch.full((rows,), value, dtype=torch.long, device=self.device)
-        return out
 
     def _point_mass(self, idx: torch.Tensor) -> torch.Tensor:
         """(B, k, n_ids) the law of forced drafts: all mass on the draft chosen (no draw was made)."""
