@@ -68,6 +68,9 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=360.0, help="seconds; later sections are skipped past it")
     ap.add_argument("--static-on-cpu", action="store_true",
                     help="run the static-cache sections on a CPU too (transformers compiles on CUDA only): smoke test")
+    ap.add_argument("--compile-on-cpu", action="store_true",
+                    help="with --static-on-cpu: really compile on a CPU (a compile_config that compiles on every "
+                         "device; Inductor without CUDA graphs): smoke test of the compiled path's tracing")
     ap.add_argument("--out", default=os.environ.get("OUT", "results"))
     args = ap.parse_args()
 
@@ -82,6 +85,24 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     rows: list[dict] = []
     name = torch.cuda.get_device_name() if cuda else "cpu"
+
+    def failed(where: str, e: Exception) -> str:
+        """A failure is a row (its first line) and a traceback in errors.log beside the table."""
+        import traceback
+        with open(os.path.join(args.out, "errors.log"), "a") as f:
+            f.write(f"--- {where}\n{traceback.format_exc()}\n")
+        return f"failed: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+
+    def graphs() -> int:
+        """Graphs torch.compile has built so far in this process (each new shape or guard failure adds one)."""
+        from torch._dynamo.utils import counters
+        return int(counters["stats"]["unique_graphs"])
+
+    compile_kw = {}
+    if args.compile_on_cpu and not cuda:
+        compile_config = transformers.CompileConfig()
+        compile_config._compile_all_devices = True
+        compile_kw = {"compile_config": compile_config}
 
     def emit(line: str) -> None:
         print(line, flush=True)
@@ -252,8 +273,7 @@ def main() -> None:
                 record(shape, 1, f"{label} (warm-up {time.perf_counter() - t - s * args.repeats:.0f} s)",
                        s, args.new_tokens, base=eager.get((shape, 1)), syncs=count_syncs(hf))
             except Exception as e:  # noqa: BLE001 - a method that fails is a row, not the end of the run
-                emit(f"| {shape} | 1 | {label}: failed: {type(e).__name__}: {str(e).splitlines()[0][:160]} "
-                     "| | | | | | | |")
+                emit(f"| {shape} | 1 | {label}: {failed(f'{shape} {label}', e)} | | | | | | | |")
 
     def run_compiled(shape: str, b: int) -> None:
         if not cuda and not args.static_on_cpu:
@@ -263,26 +283,49 @@ def main() -> None:
 
         def comp(model=m["target"], **kw):
             return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new_tokens,
-                                  cache_implementation="static", **kw)
-        t = time.perf_counter()
+                                  cache_implementation="static", **compile_kw, **kw)
+        t, g = time.perf_counter(), graphs()
         s, ref = timed(comp, args.repeats)
         warm = time.perf_counter() - t - s * args.repeats
-        compiled[shape, b] = record(shape, b, f"target-only static cache + compile (warm-up {warm:.0f} s)", s,
-                                    b * args.new_tokens, base=eager.get((shape, b)), syncs=count_syncs(comp))
+        compiled[shape, b] = record(shape, b, f"target-only static cache + compile (warm-up {warm:.0f} s, "
+                                    f"{graphs() - g} graphs)", s, b * args.new_tokens, base=eager.get((shape, b)),
+                                    syncs=count_syncs(comp))
         rows[-1]["vs_compiled"] = 1.0
-        if left() > 80:  # our engine on the same static cache: the target's verify and the drafter's steps compiled
-            drafter = m["accept_all"]
-            t = time.perf_counter()
-            s_ours, out = timed(lambda: comp(assistant_model=drafter), args.repeats)
-            warm = time.perf_counter() - t - s_ours * args.repeats
-            st = drafter.last_speculation_stats
-            how = ("compiled verify + draft steps" if st.compiled_verify and st.compiled_draft else
-                   "compiled verify" if st.compiled_verify else "eager verify")
-            if not torch.equal(out, ref):
-                emit(f"| {shape} | {b} | ours static cache, {how}: OUTPUT DIFFERS from target-only | | | | | | | |")
-            record(shape, b, f"ours static cache, {how}, all accepted (warm-up {warm:.0f} s)", s_ours,
-                   b * args.new_tokens, base=eager.get((shape, b)), compiled_base=compiled[shape, b],
-                   rounds=st.rounds, tau=st.mean_accepted_length)
+        from hf_vocabspec.generation.draft_step import DraftStep
+        # our engine on the same static cache: the target's verify and the drafter's steps compiled; then the
+        # verify alone compiled (the drafter eager, as transformers' own assisted loop keeps it)
+        for variant, drafter, new in (("", m["accept_all"], args.new_tokens),
+                                      ("eager drafter", m["accept_all"], args.new_tokens),
+                                      ("", m["reject_all"], args.none_new_tokens)):
+            if left() < (80 if drafter is m["accept_all"] else 150):  # none accepted: its drafter compiles anew
+                skip(f"{shape} batch {b} ours static cache {variant}")
+                continue
+            compile_step = DraftStep.compile
+            if variant:
+                DraftStep.compile = lambda self, options, static_length: None
+            try:
+                def ours(d=drafter, new=new):
+                    return comp(assistant_model=d) if new == args.new_tokens else \
+                        m["target"].generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                                             cache_implementation="static", assistant_model=d, **compile_kw)
+                t, g = time.perf_counter(), graphs()
+                s_ours, out = timed(ours, args.repeats)
+                warm = time.perf_counter() - t - s_ours * args.repeats
+                st = drafter.last_speculation_stats
+                how = ("compiled verify + draft steps" if st.compiled_verify and st.compiled_draft else
+                       "compiled verify" if st.compiled_verify else "eager verify")
+                how += f", {variant}" if variant else ""
+                accepted = "all accepted" if drafter is m["accept_all"] else "none accepted"
+                if new == args.new_tokens and not torch.equal(out, ref):
+                    emit(f"| {shape} | {b} | ours static cache, {how}: OUTPUT DIFFERS from target-only | | | | | | | |")
+                record(shape, b, f"ours static cache, {how}, {accepted} (warm-up {warm:.0f} s, {graphs() - g} graphs)",
+                       s_ours, b * new, base=eager.get((shape, b)), compiled_base=compiled[shape, b],
+                       rounds=st.rounds, tau=st.mean_accepted_length, syncs=count_syncs(ours))
+            except Exception as e:  # noqa: BLE001 - a variant that fails is a row
+                emit(f"| {shape} | {b} | ours static cache {variant}: {failed(f'{shape} {b} ours {variant}', e)} "
+                     "| | | | | | | |")
+            finally:
+                DraftStep.compile = compile_step
         if b not in drafter_compiled_step and left() > 80:
             s_d, _ = timed(lambda: comp(model=m["base"]), args.repeats)
             drafter_compiled_step[b] = s_d / args.new_tokens
@@ -306,8 +349,7 @@ def main() -> None:
             try:
                 fn(shape, b)
             except Exception as e:  # noqa: BLE001 - a phase that fails is a row, not the end of the run
-                emit(f"| {shape} | {b} | {phase}: failed: {type(e).__name__}: {str(e).splitlines()[0][:160]} "
-                     "| | | | | | | |")
+                emit(f"| {shape} | {b} | {phase}: {failed(f'{shape} {phase} {b}', e)} | | | | | | | |")
 
     emit("")
     emit(f"Total {time.perf_counter() - T0:.0f} s.")

@@ -7,16 +7,24 @@
 #   for m in qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct; do
 #       mkdir -p .gpu/configs/$m; cp ~/.cache/hf_vocabspec/v2/models/$m/config.json .gpu/configs/$m/; done
 # then, with the device tool: run `bash scripts/gpu_generate.sh` carrying .whl and .gpu (timeout_s 540).
-# It prints (1) scripts/bench_gpu_generate.py's table (target-only eager and static cache + compile, transformers'
-# assisted loop, our engine; pair-Q and 7B-class shapes, random weights, acceptance pinned by construction) into
-# $OUT/gpu_generate.md/.json and (2) the generate contract's greedy-identity cases on CUDA with the time left.
+# It writes (1) scripts/bench_gpu_generate.py's table into $OUT/gpu_generate.md/.json (target-only eager and
+# static cache + compile; our engine eager and on the static cache with its verify and draft steps compiled, the
+# verify alone compiled, every draft accepted / none; pair-Q and 7B-class shapes from the real configs, random
+# weights, acceptance pinned by construction; tracebacks of failed rows in $OUT/errors.log), (2) the compiled
+# path's exactness tests on CUDA (real torch.compile, CUDA graphs: greedy identity with compiled target-only,
+# left-padded rows) and (3) the generate contract's greedy-identity cases on CUDA with the time left.
 source "$(dirname "$0")/_gpu_common.sh"
 start=$(date +%s)
-timeout 420 python3 scripts/bench_gpu_generate.py --configs .gpu/configs --out "$OUT" --budget "${BUDGET:-330}" \
-  2>&1 | grep -v "^\[transformers\]\|^Loading\|warn(" | tee "$OUT/bench.log" | grep -v "^\s*$" | grep "^|\|^Machine\|^Total\|Error\|error" 
-left=$(( 480 - ($(date +%s) - start) ))
+timeout 300 python3 scripts/bench_gpu_generate.py --configs .gpu/configs --out "$OUT" --budget "${BUDGET:-270}" \
+  --plan ${PLAN:-pair-q:eager:1 pair-q:compiled:1 7b:compiled:1 pair-q:compiled:16} \
+  2>&1 | grep -v "^\[transformers\]\|^Loading\|warn(" | tee "$OUT/bench.log" | grep -v "^\s*$" | grep "^|\|^Machine\|^Total\|Error\|error"
+echo "compiled path on CUDA at $(( $(date +%s) - start )) s"
+HF_VOCABSPEC_TEST_DEVICE=cuda timeout 110 python3 -m pytest -q -p no:cacheprovider tests/test_contract.py \
+  -k "static_cache_with_compile or compiled_verify_keeps or power_compiled_drafter or (static_cache_identical and llama and greedy)" \
+  2>&1 | tail -15 | tee "$OUT/compiled_cuda.txt"
+left=$(( 460 - ($(date +%s) - start) ))
 echo "contract on CUDA with ${left} s left"
-if [ "$left" -gt 30 ]; then
+if [ "$left" -gt 40 ]; then
   HF_VOCABSPEC_TEST_DEVICE=cuda timeout "$left" python3 -m pytest -q -x -p no:cacheprovider tests/test_contract.py \
-    -k "identical" 2>&1 | tail -4 | tee "$OUT/contract_cuda.txt"
+    -k "identical and not static" 2>&1 | tail -4 | tee "$OUT/contract_cuda.txt"
 fi
