@@ -168,6 +168,15 @@ def compiled_call(module: torch.nn.Module, options: dict):
     return held[1]
 
 
+def graph_input(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """``tensor`` as a compiled call takes it: a copy where it is a view into a larger buffer (the engine's ids and
+    position grids). A view's storage offset and strides change from step to step; torch.compile makes them
+    symbolic, and CUDA graphs then record a new graph for every value they take."""
+    if tensor is None or (tensor.storage_offset() == 0 and tensor.is_contiguous()):
+        return tensor
+    return tensor.clone(memory_format=torch.contiguous_format)
+
+
 class DraftStep:
     """One drafter position for a batch of rows (see the module docstring). Holds the call's draft space."""
 
@@ -233,7 +242,9 @@ class DraftStep:
         """Last hidden states (trimmed drafter) of a forward on ``cache``; (B, n, hidden). ``compiled``: through
         the compiled forward (``compile``)."""
         input_ids = self._in_range(input_ids)
-        call = self._compiled if compiled and self._compiled is not None else self.body
+        call = self.body
+        if compiled and self._compiled is not None:
+            call, input_ids, position_ids = self._compiled, graph_input(input_ids), graph_input(position_ids)
         out = call(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                    use_cache=True, **kwargs, **{cache_kwarg(self.body): cache})
         return out.last_hidden_state
@@ -243,8 +254,10 @@ class DraftStep:
         if self.trimmed:
             hidden = self.hidden(input_ids, cache, attention_mask, position_ids, compiled=compiled)
             return self.vocab.logits(hidden[:, -1]).float()
-        call = self._compiled if compiled and self._compiled is not None else self.model
-        out = call(input_ids=self._in_range(input_ids), attention_mask=attention_mask,
+        call, input_ids = self.model, self._in_range(input_ids)
+        if compiled and self._compiled is not None:
+            call, input_ids, position_ids = self._compiled, graph_input(input_ids), graph_input(position_ids)
+        out = call(input_ids=input_ids, attention_mask=attention_mask,
                    position_ids=position_ids, use_cache=True, logits_to_keep=1,
                    **{cache_kwarg(self.model): cache})
         return out.logits[:, -1].float()

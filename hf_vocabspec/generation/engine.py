@@ -78,7 +78,7 @@ from ..compatibility import target_rows
 from ..configuration import SPECULATION_MODES
 from ..modeling import cache_kwarg
 from .constraints import TrackedConstraint, draft_constraint_for
-from .draft_step import DraftStep
+from .draft_step import DraftStep, graph_input
 from .host import read, upload
 from .stats import SpeculationStats
 from .vocabulary import is_stateless, is_value_only
@@ -535,7 +535,9 @@ class SpeculativeEngine:
         start, n = cache.length, tokens.shape[1]
         keep = n if keep is None else keep
         mask, positions = self._layout(cache, n)
-        call = self.target_call if self.target_call is not None and start else self.target
+        call = self.target
+        if self.target_call is not None and start:
+            call, tokens, positions = self.target_call, graph_input(tokens), graph_input(positions)
         out = call(input_ids=tokens, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=keep,
                    **{cache_kwarg(self.target): cache.cache})
         cache.grew(n)
