@@ -340,11 +340,17 @@ def test_static_cache_with_compile_runs_compiled_steps(monkeypatch):
     calls = []
     get_compiled_call = target.get_compiled_call
 
+    def fresh(kwargs) -> bool:
+        """A compiled call's ids and positions are their own tensors: a view's storage offset would become a
+        symbol under torch.compile, and CUDA graphs record a new graph for every value it takes."""
+        return all(kwargs[k].storage_offset() == 0 and kwargs[k].is_contiguous() for k in ("input_ids", "position_ids"))
+
     def counted(compile_config):
         compiled = get_compiled_call(compile_config)
 
         def call(*args, **kwargs):
             calls.append(kwargs["input_ids"].shape[1])
+            assert fresh(kwargs)
             return compiled(*args, **kwargs)
         return call
 
@@ -360,6 +366,7 @@ def test_static_cache_with_compile_runs_compiled_steps(monkeypatch):
 
         def call(*args, **kwargs):
             drafts.append(kwargs["input_ids"].shape[1])
+            assert fresh(kwargs)
             return compiled(*args, **kwargs)
         return call
 
