@@ -253,7 +253,7 @@ def main() -> None:
                 st_static = drafter.last_speculation_stats  # on CUDA a static cache compiles (transformers' rule)
                 how = "compiled verify + draft steps" if st_static.compiled_verify else "eager"
                 record(shape, b, f"ours {how}, static target cache, all accepted", s_static, b * n, base=eager[shape, b],
-                       rounds=drafter.last_speculation_stats.rounds, tau=drafter.last_speculation_stats.mean_accepted_length)
+                       rounds=st_static.rounds, tau=st_static.mean_accepted_length)
             if drafter is m["accept_all"]:
                 for tau in args.project_tau:
                     record(shape, b, f"ours eager at tau {tau:g} (projected)", s / max(st.rounds, 1), b * tau,
@@ -283,8 +283,8 @@ def main() -> None:
             return
         m, ids = pair(shape), prompt(shape, b)
 
-        def comp(model=m["target"], **kw):
-            return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new_tokens,
+        def comp(model=m["target"], new=args.new_tokens, **kw):
+            return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
                                   cache_implementation="static", **compile_kw, **kw)
         t, g = time.perf_counter(), graphs()
         s, ref = timed(comp, args.repeats)
@@ -307,9 +307,7 @@ def main() -> None:
                 DraftStep.compile = lambda self, options, static_length: None
             try:
                 def ours(d=drafter, new=new):
-                    return comp(assistant_model=d) if new == args.new_tokens else \
-                        m["target"].generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
-                                             cache_implementation="static", assistant_model=d, **compile_kw)
+                    return comp(new=new, assistant_model=d)
                 t, g = time.perf_counter(), graphs()
                 s_ours, out = timed(ours, args.repeats)
                 warm = time.perf_counter() - t - s_ours * args.repeats

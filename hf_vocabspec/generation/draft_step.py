@@ -177,6 +177,14 @@ def graph_input(tensor: torch.Tensor | None) -> torch.Tensor | None:
     return tensor.clone(memory_format=torch.contiguous_format)
 
 
+def graph_call(call):
+    """``call`` (a compiled forward) taking its ids and position ids as ``graph_input`` makes them: every compiled
+    forward of the engine (the target's verify, the drafter's steps) goes through one of these."""
+    def run(*, input_ids, position_ids=None, **kwargs):
+        return call(input_ids=graph_input(input_ids), position_ids=graph_input(position_ids), **kwargs)
+    return run
+
+
 class DraftStep:
     """One drafter position for a batch of rows (see the module docstring). Holds the call's draft space."""
 
@@ -215,7 +223,7 @@ class DraftStep:
     def compile(self, options: dict, static_length: int) -> None:
         """Run the drafter's forwards after its first (the prompt's) compiled, on static caches (``new_cache``)."""
         self.static_length = int(static_length)
-        self._compiled = compiled_call(self.body if self.trimmed else self.model, options)
+        self._compiled = graph_call(compiled_call(self.body if self.trimmed else self.model, options))
 
     @property
     def compiled(self) -> bool:
@@ -242,9 +250,7 @@ class DraftStep:
         """Last hidden states (trimmed drafter) of a forward on ``cache``; (B, n, hidden). ``compiled``: through
         the compiled forward (``compile``)."""
         input_ids = self._in_range(input_ids)
-        call = self.body
-        if compiled and self._compiled is not None:
-            call, input_ids, position_ids = self._compiled, graph_input(input_ids), graph_input(position_ids)
+        call = self._compiled if compiled and self._compiled is not None else self.body
         out = call(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                    use_cache=True, **kwargs, **{cache_kwarg(self.body): cache})
         return out.last_hidden_state
@@ -254,10 +260,8 @@ class DraftStep:
         if self.trimmed:
             hidden = self.hidden(input_ids, cache, attention_mask, position_ids, compiled=compiled)
             return self.vocab.logits(hidden[:, -1]).float()
-        call, input_ids = self.model, self._in_range(input_ids)
-        if compiled and self._compiled is not None:
-            call, input_ids, position_ids = self._compiled, graph_input(input_ids), graph_input(position_ids)
-        out = call(input_ids=input_ids, attention_mask=attention_mask,
+        call = self._compiled if compiled and self._compiled is not None else self.model
+        out = call(input_ids=self._in_range(input_ids), attention_mask=attention_mask,
                    position_ids=position_ids, use_cache=True, logits_to_keep=1,
                    **{cache_kwarg(self.model): cache})
         return out.logits[:, -1].float()

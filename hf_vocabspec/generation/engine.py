@@ -78,7 +78,7 @@ from ..compatibility import target_rows
 from ..configuration import SPECULATION_MODES
 from ..modeling import cache_kwarg
 from .constraints import TrackedConstraint, draft_constraint_for
-from .draft_step import DraftStep, graph_input
+from .draft_step import DraftStep, graph_call
 from .host import read, upload
 from .stats import SpeculationStats
 from .vocabulary import is_stateless, is_value_only
@@ -423,7 +423,7 @@ class SpeculativeEngine:
         self.stats.target_cache = type(self.target_cache.cache).__name__
         # the compiled call target-only generate would decode with (hooks.compiled_verify): every forward after
         # the prompt's (which stays eager, as target-only prefills eagerly)
-        self.target_call = target_call
+        self.target_call = graph_call(target_call) if target_call is not None else None
         self.stats.compiled_verify = target_call is not None
         self.stats.compiled_draft = self.step.compiled
         self.draft_cache = _AlignedCache(self.step.new_cache(), capacity=self.capacity)
@@ -535,9 +535,7 @@ class SpeculativeEngine:
         start, n = cache.length, tokens.shape[1]
         keep = n if keep is None else keep
         mask, positions = self._layout(cache, n)
-        call = self.target
-        if self.target_call is not None and start:
-            call, tokens, positions = self.target_call, graph_input(tokens), graph_input(positions)
+        call = self.target_call if self.target_call is not None and start else self.target
         out = call(input_ids=tokens, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=keep,
                    **{cache_kwarg(self.target): cache.cache})
         cache.grew(n)
