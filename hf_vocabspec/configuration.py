@@ -45,9 +45,13 @@ __all__ = [
 MODEL_TYPE = "hf_vocabspec_trimmed_drafter"
 
 # Defaults written into a freshly trimmed drafter's generation_config (users may change them; a value
-# passed to `target.generate(num_assistant_tokens=...)` wins, see generation/hooks.py).
-DEFAULT_NUM_ASSISTANT_TOKENS = 5
-DEFAULT_CONFIDENCE_THRESHOLD = 0.0
+# passed to `target.generate(num_assistant_tokens=...)` wins, see generation/hooks.py): draft up to 12 tokens a
+# round, stopping after a draft the drafter gives less than 0.4 (transformers' own assistant_confidence_threshold).
+# Measured against L = 5 without a stop (issue #36, machine D, 2026-11-28, greedy, same-kernel target-only): pair Q
+# ShareGPT 0.79x -> 1.13x, HumanEval 1.82x -> 2.07x; pair G 1.39x -> 1.46x, 1.44x -> 1.58x
+# (docs/results/default-draft-policy-machine-d-2026-11-28.md).
+DEFAULT_NUM_ASSISTANT_TOKENS = 12
+DEFAULT_CONFIDENCE_THRESHOLD = 0.4
 # Values of a drafter's ``generation_config.batched_speculation`` (the batched loop's fallback rule; the one home of
 # the valid values): "auto" decides from measured rounds, "on"/"off" force speculation / plain decoding.
 SPECULATION_MODES = ("auto", "on", "off")
@@ -291,7 +295,7 @@ def drafter_setting_error(name: str, value: object) -> str | None:
 
 
 def set_draft_length(generation_config: GenerationConfig, num_assistant_tokens: int,
-                     confidence_threshold: float = DEFAULT_CONFIDENCE_THRESHOLD) -> GenerationConfig:
+                     confidence_threshold: float = 0.0) -> GenerationConfig:
     """Draft ``num_assistant_tokens`` tokens every round (constant schedule); with ``confidence_threshold`` > 0,
     stop a round's drafting early after a draft the drafter gives less probability than that (transformers'
     ``assistant_confidence_threshold``, greedy or sampled; 0: always the full L).

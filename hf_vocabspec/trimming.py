@@ -13,7 +13,8 @@ from torch import nn
 from transformers import GenerationConfig, PreTrainedModel
 
 from .compatibility import check_tokenizer_belongs, tokenizer_sha256
-from .configuration import DEFAULT_NUM_ASSISTANT_TOKENS, SelectionInfo, TrimmedDrafterConfig, set_draft_length
+from .configuration import (DEFAULT_CONFIDENCE_THRESHOLD, DEFAULT_NUM_ASSISTANT_TOKENS, SelectionInfo,
+                            TrimmedDrafterConfig, set_draft_length)
 from .modeling import TrimmedDrafter, _head_transform, model_body, vocab_map_sha256
 
 __all__ = ["chat_template_special_ids", "special_token_ids", "trim_drafter"]
@@ -175,7 +176,7 @@ def trim_drafter(
         GenerationConfig.from_dict(model.generation_config.to_dict())
     )
     gen._from_model_config = False  # else transformers drops our own fields (batched_speculation) when loading it
-    drafter.generation_config = set_draft_length(gen, DEFAULT_NUM_ASSISTANT_TOKENS)
+    drafter.generation_config = set_draft_length(gen, DEFAULT_NUM_ASSISTANT_TOKENS, DEFAULT_CONFIDENCE_THRESHOLD)
     leftovers = [n for n, p in list(drafter.named_parameters()) + list(drafter.named_buffers()) if p.is_meta]
     if leftovers:
         raise RuntimeError(f"trim_drafter left uninitialised tensors: {leftovers[:5]}")

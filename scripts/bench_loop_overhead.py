@@ -79,7 +79,8 @@ class Timers:
 def measure(target, drafter, timers: Timers, batch: int, new_tokens: int, length: int, repeats: int, device: str):
     ids = torch.randint(3, VOCAB, (batch, 16), generator=torch.Generator().manual_seed(batch)).to(device)
     kw = dict(attention_mask=torch.ones_like(ids), assistant_model=drafter, do_sample=False,
-              max_new_tokens=new_tokens, num_assistant_tokens=length, num_assistant_tokens_schedule="constant")
+              max_new_tokens=new_tokens, num_assistant_tokens=length, num_assistant_tokens_schedule="constant",
+              assistant_confidence_threshold=0.0)  # every round drafts all L (no confidence stop)
     target.generate(ids, **kw)  # warm-up
     rows = []
     for _ in range(repeats):

@@ -120,7 +120,13 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--hf-draft-lengths", type=int, nargs="*", default=[2, 3, 5, 8])
-    ap.add_argument("--num-assistant-tokens", type=int, default=5, help="draft length of the trimmed rows")
+    ap.add_argument("--num-assistant-tokens", type=int, default=None,
+                    help="draft length of the trimmed rows (default: the trimmed drafter's own, with its confidence stop)")
+    ap.add_argument("--confidence-threshold", type=float, default=0.0,
+                    help="with --num-assistant-tokens: the trimmed rows' confidence stop (0: none)")
+    ap.add_argument("--constant-draft-lengths", type=int, nargs="*", default=[],
+                    help="also the trimmed drafter (+context) drafting these L every round, no confidence stop "
+                         "(e.g. 5: the default before 2026-11-28)")
     ap.add_argument("--weight-quantization", nargs="*", default=["int8", "int4"], choices=["int8", "int4"],
                     help="also the trimmed drafter (+context) with weight-only quantized linears (its draft step reads "
                          "fewer bytes; acceptance may change, output does not)")
@@ -153,12 +159,19 @@ def main() -> None:
         hf_fixed.append(methods[-1].name)
     trimmed = trim_drafter(load_model(args.drafter, dtype=dtype), counts.top_k(k), tokenizer=tokenizer,
                            target_model=args.target)
-    set_draft_length(trimmed.generation_config, args.num_assistant_tokens)
-    kk, L = trimmed.config.draft_vocab_size, args.num_assistant_tokens
+    if args.num_assistant_tokens:
+        set_draft_length(trimmed.generation_config, args.num_assistant_tokens, args.confidence_threshold)
+    kk, L = trimmed.config.draft_vocab_size, trimmed.generation_config.num_assistant_tokens
+    stop = trimmed.generation_config.assistant_confidence_threshold
+    L = f"{L} stop<{stop:g}" if stop else L
     methods.append(Method(f"trimmed k={kk} L={L}", trimmed, attrs={"use_context_tokens": False}))
     methods.append(Method(f"trimmed k={kk} L={L} +context", trimmed, attrs={"use_context_tokens": True}))
     methods.append(Method(f"trimmed k={kk} L={L} +context F.linear", trimmed,
                           attrs={"use_context_tokens": True, "use_fast_linears": False}))
+    for n in args.constant_draft_lengths:
+        methods.append(Method(f"trimmed k={kk} L={n} +context", trimmed,
+                              attrs={"use_context_tokens": True,
+                                     "generation_config": set_draft_length(copy.deepcopy(trimmed.generation_config), n)}))
     for scheme in args.weight_quantization:
         quantized = copy.deepcopy(trimmed).quantize_weights(scheme)
         methods.append(Method(f"trimmed k={kk} L={L} +context {scheme}", quantized, attrs={"use_context_tokens": True}))

@@ -20,6 +20,27 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def constant_draft_length():
+    """Drafters trimmed in tests draft a constant L=5 with no confidence stop (set where generate() or a test sets
+    nothing else). The library's default stop (0.4) would end nearly every round of the tiny random drafters after
+    one draft, and the multi-draft checks and their power checks would test nothing; the default itself is tested
+    with ``library_draft_defaults``."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(hf_vocabspec.trimming, "DEFAULT_NUM_ASSISTANT_TOKENS", 5)
+        patch.setattr(hf_vocabspec.trimming, "DEFAULT_CONFIDENCE_THRESHOLD", 0.0)
+        yield
+
+
+@pytest.fixture
+def library_draft_defaults(monkeypatch):
+    """trim_drafter writes the library's own draft policy (undoes ``constant_draft_length`` for one test)."""
+    from hf_vocabspec import configuration
+
+    monkeypatch.setattr(hf_vocabspec.trimming, "DEFAULT_NUM_ASSISTANT_TOKENS", configuration.DEFAULT_NUM_ASSISTANT_TOKENS)
+    monkeypatch.setattr(hf_vocabspec.trimming, "DEFAULT_CONFIDENCE_THRESHOLD", configuration.DEFAULT_CONFIDENCE_THRESHOLD)
+
+
 @pytest.fixture
 def one_thread():
     """Tiny models are dispatch-bound: one torch thread is faster and does not fight the other tests."""

@@ -102,7 +102,7 @@ def test_save_load_round_trip_safetensors_only(tmp_path, drafter):
         assert torch.equal(loaded.d2t, drafter.d2t)
         with torch.no_grad():
             assert torch.allclose(loaded(x).logits, drafter(x).logits)
-        assert loaded.generation_config.num_assistant_tokens == 5
+        assert loaded.generation_config.num_assistant_tokens == drafter.generation_config.num_assistant_tokens == 5
 
 
 def test_bf16_round_trip(tmp_path, pair):
@@ -396,3 +396,25 @@ def test_invalid_batched_speculation_is_refused_at_load_save_and_batch_1(tmp_pat
     assert not (tmp_path / "e").exists()
     with pytest.raises(ValueError, match="got 'maybe'"):  # batch 1: never read there, refused all the same
         target.generate(torch.tensor([[1, 5, 6]]), assistant_model=drafter, max_new_tokens=3, do_sample=False)
+
+
+def test_fresh_drafter_drafts_up_to_12_and_stops_below_confidence_0_4(pair, library_draft_defaults):
+    """The library's draft policy (configuration.DEFAULT_*): written by trim_drafter, kept by a save, active in
+    generate (rounds end early on an unsure draft, output unchanged), and turned off by generate(threshold=0)."""
+    from hf_vocabspec.configuration import DEFAULT_CONFIDENCE_THRESHOLD, DEFAULT_NUM_ASSISTANT_TOKENS
+
+    target, base = pair
+    drafter = trim_drafter(base, range(VOCAB))
+    gc = drafter.generation_config
+    assert (DEFAULT_NUM_ASSISTANT_TOKENS, DEFAULT_CONFIDENCE_THRESHOLD) == (12, 0.4)
+    assert (gc.num_assistant_tokens, gc.assistant_confidence_threshold, gc.num_assistant_tokens_schedule) == \
+        (12, 0.4, "constant")
+    ids = torch.tensor([[1, 6, 9, 14, 3]])
+    ref = target.generate(ids, max_new_tokens=40, do_sample=False)
+    kw = dict(max_new_tokens=40, do_sample=False, assistant_model=drafter)
+    assert torch.equal(target.generate(ids, **kw), ref)
+    stopped = drafter.last_speculation_stats.per_round_proposed
+    assert max(stopped) <= 12 and any(0 < p < 12 for p in stopped[:-1]), stopped  # the stop ended rounds early
+    assert torch.equal(target.generate(ids, assistant_confidence_threshold=0.0, **kw), ref)
+    full = drafter.last_speculation_stats.per_round_proposed
+    assert full[0] == 12 and sum(full) > sum(stopped), (full, stopped)  # no stop: every round drafts all it may

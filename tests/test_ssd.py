@@ -393,3 +393,22 @@ def test_bench_builds_the_ssd_row_and_its_one_thread_baseline():
     assert ssd.attrs == {"use_context_tokens": False} and sessions[0].ssd_config.num_draft_tokens == 4
     assert drafter.use_context_tokens  # restored after the session was opened
     sessions[0].close()
+
+
+def test_ssd_depth_is_5_where_the_drafters_length_is_a_cap_for_a_confidence_stop():
+    """A freshly trimmed drafter drafts up to 12 with a confidence stop; SSD, which drafts whole trees with no
+    stop, takes depth 5 there, the drafter's L where it has no stop, and SSDConfig's where set."""
+    from types import SimpleNamespace
+
+    from hf_vocabspec.ssd.config import SSD_DRAFT_LENGTH, fix_draft_length
+
+    def gen(L, threshold):
+        return SimpleNamespace(num_assistant_tokens=L, assistant_confidence_threshold=threshold,
+                               assistant_generation_config=SimpleNamespace(num_assistant_tokens_schedule="heuristic"))
+
+    assert SSD_DRAFT_LENGTH == 5
+    assert fix_draft_length(g := gen(12, 0.4), SSDConfig()) == 5 and g.assistant_confidence_threshold == 0.0
+    assert g.assistant_generation_config.num_assistant_tokens_schedule == "constant"
+    assert fix_draft_length(gen(3, 0.4), SSDConfig()) == 3
+    assert fix_draft_length(gen(12, 0.0), SSDConfig()) == 12
+    assert fix_draft_length(gen(12, 0.4), SSDConfig(num_draft_tokens=8)) == 8

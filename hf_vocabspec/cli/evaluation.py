@@ -14,6 +14,7 @@ from ._common import (
     check_model_name,
     check_tokenizer_of,
     check_ks_in_vocabulary,
+    confidence_threshold,
     coverage_fraction,
     given,
     log,
@@ -25,6 +26,15 @@ from ._common import (
     prepare_output,
     pruned_share,
 )
+
+
+def draft_policy(args) -> tuple[int, float]:
+    """(L, confidence stop) of every drafting method of demo/bench: the options, else a freshly trimmed drafter's."""
+    from ..configuration import DEFAULT_CONFIDENCE_THRESHOLD, DEFAULT_NUM_ASSISTANT_TOKENS
+
+    threshold = getattr(args, "confidence_threshold", None)
+    return (args.num_draft_tokens or DEFAULT_NUM_ASSISTANT_TOKENS,
+            DEFAULT_CONFIDENCE_THRESHOLD if threshold is None else threshold)
 
 
 def check_drafter_tokenizer(args) -> None:
@@ -101,7 +111,7 @@ def _demo(args, out_dir: Path) -> int:
     log(f"2/5 loading target (fp32) and drafter ({what})")
     target = load_model(args.target, dtype=torch.float32).eval()
     drafter_full = load_model(args.drafter or args.target, dtype=DTYPES[args.drafter_dtype]).eval()
-    set_draft_length(drafter_full.generation_config, args.num_draft_tokens)
+    set_draft_length(drafter_full.generation_config, *draft_policy(args))
 
     log("3/5 trimming, saving and reloading the drafter")
     trimmed = trim_drafter(
@@ -110,7 +120,7 @@ def _demo(args, out_dir: Path) -> int:
         selection={"min_coverage": args.min_coverage, "k": k, "coverage": counts.coverage(k),
                    "dataset": args.dataset, "count_examples": args.count_examples},
     )
-    set_draft_length(trimmed.generation_config, args.num_draft_tokens)
+    set_draft_length(trimmed.generation_config, *draft_policy(args))
     trimmed.save_pretrained(out_dir / "drafter")
     tokenizer.save_pretrained(out_dir / "drafter")
     del trimmed
@@ -208,7 +218,8 @@ def cmd_bench(args) -> int:
         target=args.target, drafter=args.drafter, drafter_dtype=args.drafter_dtype, vocab_dataset=args.dataset,
         count_examples=args.count_examples, coverages=tuple(args.coverages), ks=tuple(args.ks), workloads=tuple(args.workloads),
         modes=tuple(args.modes), prompts=args.prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-        num_draft_tokens=args.num_draft_tokens, context_tokens=args.context_tokens,
+        num_draft_tokens=draft_policy(args)[0], confidence_threshold=draft_policy(args)[1],
+        context_tokens=args.context_tokens,
         kernel_levers=args.kernel_levers, ssd=args.ssd, ssd_mode=args.ssd_mode,
     )
     with output_folder(out):
@@ -231,7 +242,8 @@ def _cmd_batch_bench(args, out) -> int:
         target=args.target, drafter=args.drafter, drafter_dtype=args.drafter_dtype, vocab_dataset=args.dataset,
         count_examples=args.count_examples, coverage=coverage, context_tokens=True,
         batch_sizes=tuple(args.batch_sizes), max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-        num_draft_tokens=args.num_draft_tokens, batched_speculation=args.batched_speculation,
+        num_draft_tokens=draft_policy(args)[0], confidence_threshold=draft_policy(args)[1],
+        batched_speculation=args.batched_speculation,
     )
     with output_folder(out):
         report = run_batch_bench(cfg, out, progress=lambda s: tqdm.write(s))
@@ -339,7 +351,12 @@ def register(sub) -> None:
     d.add_argument("--max-prompt-tokens", type=positive_int, default=256)
     d.add_argument("--answer-prefix-tokens", type=non_negative_int, default=32,
                    help="prompts carry this many tokens of the reference answer (0: bare chat prompts)")
-    d.add_argument("--num-draft-tokens", "--num-assistant-tokens", type=positive_int, default=5, dest="num_draft_tokens")
+    d.add_argument("--num-draft-tokens", "--num-assistant-tokens", type=positive_int, default=None,
+                   dest="num_draft_tokens", help="draft length L of every drafting method (default: a freshly "
+                                                 "trimmed drafter's own)")
+    d.add_argument("--confidence-threshold", type=confidence_threshold, default=None,
+                   help="stop a round's drafting after a draft the drafter gives less than this (0: never; "
+                        "default: a freshly trimmed drafter's own)")
     d.add_argument("--repeats", type=positive_int, default=1)
     d.add_argument("--threads", type=positive_int, default=None)
     d.add_argument("--strict", action="store_true", help="exit 1 if greedy output differs from target-only")
@@ -360,7 +377,12 @@ def register(sub) -> None:
     b.add_argument("--prompts", type=positive_int, default=3)
     b.add_argument("--max-new-tokens", type=positive_int, default=48)
     b.add_argument("--repeats", type=positive_int, default=2)
-    b.add_argument("--num-draft-tokens", "--num-assistant-tokens", type=positive_int, default=5, dest="num_draft_tokens")
+    b.add_argument("--num-draft-tokens", "--num-assistant-tokens", type=positive_int, default=None,
+                   dest="num_draft_tokens", help="draft length L of every drafting method (default: a freshly "
+                                                 "trimmed drafter's own)")
+    b.add_argument("--confidence-threshold", type=confidence_threshold, default=None,
+                   help="stop a round's drafting after a draft the drafter gives less than this (0: never; "
+                        "default: a freshly trimmed drafter's own)")
     b.add_argument("--context-tokens", action="store_true",
                    help="also run every trimmed k with context tokens on (same drafter, method 'trimmed k=K +context')")
     b.add_argument("--kernel-levers", action="store_true",

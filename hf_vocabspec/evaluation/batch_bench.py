@@ -37,7 +37,8 @@ class BatchBenchConfig:
     max_new_tokens: int = 48
     answer_prefix_tokens: int = 32
     repeats: int = 2
-    num_draft_tokens: int | None = None  # None: the trimmed drafter's own default
+    num_draft_tokens: int | None = None  # None: the trimmed drafter's own default (L and confidence stop)
+    confidence_threshold: float = 0.0  # with num_draft_tokens: its confidence stop (0: none)
     batched_speculation: str = "auto"
     hf_loop: bool = True  # also time the batch-1 HF assisted loop (untrimmed drafter)
 
@@ -124,12 +125,13 @@ def run_batch_bench(cfg: BatchBenchConfig, out_dir, progress=None) -> dict:
     trimmed = trim_drafter(load_model(drafter_name, dtype=dtype), work.counts.top_k(k), tokenizer=tokenizer).eval()
     trimmed.use_context_tokens = cfg.context_tokens and trimmed.supports_context_tokens
     if cfg.num_draft_tokens:
-        set_draft_length(trimmed.generation_config, cfg.num_draft_tokens)
+        set_draft_length(trimmed.generation_config, cfg.num_draft_tokens, cfg.confidence_threshold)
     trimmed.generation_config.batched_speculation = cfg.batched_speculation
     full = None
     if cfg.hf_loop:
         full = load_model(drafter_name, dtype=dtype).eval()
-        set_draft_length(full.generation_config, int(trimmed.generation_config.num_assistant_tokens))
+        set_draft_length(full.generation_config, int(trimmed.generation_config.num_assistant_tokens),
+                         trimmed.generation_config.assistant_confidence_threshold or 0.0)
     prompts = eval_prompts(work.held_out, tokenizer, 0, max(cfg.batch_sizes), 512, cfg.answer_prefix_tokens)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos = {int(t) for t in ([target.generation_config.eos_token_id] if isinstance(target.generation_config.eos_token_id, int)

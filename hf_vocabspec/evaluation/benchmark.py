@@ -24,7 +24,7 @@ from transformers import GenerationConfig
 from transformers.generation.candidate_generator import AssistedCandidateGenerator
 
 from .._io import atomic_write
-from ..configuration import set_draft_length
+from ..configuration import DEFAULT_CONFIDENCE_THRESHOLD, DEFAULT_NUM_ASSISTANT_TOKENS, set_draft_length
 from ..cost import RoundModel, iid_acceptance, project_ssd_speedup
 from ..generation import SpeculationStats
 from ..hub import EvalResultRow
@@ -512,7 +512,10 @@ class BenchConfig:
     max_new_tokens: int = 48
     answer_prefix_tokens: int = 32
     repeats: int = 2
-    num_draft_tokens: int = 5  # L (transformers' num_assistant_tokens), constant
+    # L (transformers' num_assistant_tokens) and the confidence stop of every drafting method (HF assisted and
+    # trimmed alike): a freshly trimmed drafter's defaults
+    num_draft_tokens: int = DEFAULT_NUM_ASSISTANT_TOKENS
+    confidence_threshold: float = DEFAULT_CONFIDENCE_THRESHOLD
     context_tokens: bool = False  # also run every trimmed k with drafter.use_context_tokens = True
     # what the fast linears contribute: target only with them, and every trimmed method without them
     kernel_levers: bool = False
@@ -534,6 +537,7 @@ def run_benchmark(cfg: BenchConfig, out_dir, progress: Callable | None = None) -
     from pathlib import Path
 
     from ..coverage import count_assistant_tokens
+    from ..ssd.config import ssd_draft_length
     from ..trimming import trim_drafter
     from .offline import load_chat_dataset, load_model
 
@@ -544,7 +548,7 @@ def run_benchmark(cfg: BenchConfig, out_dir, progress: Callable | None = None) -
     tokenizer, target, counts, vocab_held_out = work.tokenizer, work.target, work.counts, work.held_out
     drafter_name = cfg.drafter or cfg.target
     full = load_model(drafter_name, dtype=dtype).eval()
-    set_draft_length(full.generation_config, cfg.num_draft_tokens)
+    set_draft_length(full.generation_config, cfg.num_draft_tokens, cfg.confidence_threshold)
     methods = [Method("target only"), Method("HF assisted (untrimmed)", full)]
     if cfg.kernel_levers:
         methods.insert(1, Method("target only (fast linears)", fast_linears=True))
@@ -553,7 +557,7 @@ def run_benchmark(cfg: BenchConfig, out_dir, progress: Callable | None = None) -
     sizes = [counts.smallest_k_for_coverage(c) for c in cfg.coverages] + list(cfg.ks)
     for k in sorted(set(sizes)):
         d = trim_drafter(load_model(drafter_name, dtype=dtype), counts.top_k(k), tokenizer=tokenizer)
-        set_draft_length(d.generation_config, cfg.num_draft_tokens)
+        set_draft_length(d.generation_config, cfg.num_draft_tokens, cfg.confidence_threshold)
         name = f"trimmed k={d.config.draft_vocab_size}"
         trimmed.append(d)
         methods.append(Method(name, d, attrs={"use_context_tokens": False}))
@@ -581,7 +585,7 @@ def run_benchmark(cfg: BenchConfig, out_dir, progress: Callable | None = None) -
                                   generate_kwargs=_MODES[mode], progress=progress)
             rows = method_rows(res, "target only", "HF assisted (untrimmed)")
             if cfg.ssd:
-                ssd_rows(res, rows, methods, cfg.num_draft_tokens)
+                ssd_rows(res, rows, methods, ssd_draft_length(cfg.num_draft_tokens, cfg.confidence_threshold))
             for m in methods:
                 if isinstance(m.assistant, TrimmedDrafter):
                     rows[m.name]["eval_coverage"] = eval_counts.coverage_of(m.assistant.d2t)
@@ -605,10 +609,12 @@ def _ssd_methods(cfg: BenchConfig, name: str, drafter: TrimmedDrafter, sessions:
     2-thread ordinary rows is the baseline.
     """
     from ..ssd import SSDConfig, SSDSession
+    from ..ssd.config import ssd_draft_length
 
     with applied_attrs(drafter, {"use_context_tokens": False}):  # the worker copies the switches at start
         session = SSDSession(drafter, SSDConfig(fan_out=cfg.ssd_fan_out, saguaro_scale=cfg.ssd_saguaro_scale,
-                                                mode=cfg.ssd_mode, num_draft_tokens=cfg.num_draft_tokens))
+                                                mode=cfg.ssd_mode,
+                                                num_draft_tokens=ssd_draft_length(cfg.num_draft_tokens, cfg.confidence_threshold)))
     sessions.append(session)
     off = {"use_context_tokens": False}
     return [Method(f"{name} (1 thread)", drafter, attrs=off, threads=1),
