@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from tiny import VOCAB, llama_config, make_pair
-from transformers import LlamaConfig, LlamaForCausalLM, StoppingCriteria, StoppingCriteriaList
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
 from hf_vocabspec import VocabularyMapError, trim_drafter
@@ -31,6 +31,26 @@ def test_num_assistant_tokens_from_drafter_config_and_from_generate(pair):
     stats = drafter.last_speculation_stats
     assert stats.draft_steps == stats.rounds  # one draft per round: the generate() argument won
     drafter.generation_config.num_assistant_tokens = 5
+
+
+def test_a_drafter_config_left_unset_drafts_on_transformers_defaults(pair):
+    """transformers 5 leaves a GenerationConfig's drafting fields None (its defaults: L=20, stop below 0.4): a
+    trimmed drafter whose config leaves them unset drafts as HF's own loop would, not on our batched fallback (5)."""
+    target, drafter = pair
+    saved = drafter.generation_config
+    drafter.generation_config = GenerationConfig(pad_token_id=0)
+    try:
+        assert drafter.generation_config.num_assistant_tokens is None
+        ref = target.generate(PROMPT, max_new_tokens=30, do_sample=False)
+        out = target.generate(PROMPT, max_new_tokens=30, do_sample=False, assistant_model=drafter,
+                              assistant_confidence_threshold=0.0)
+        full = drafter.last_speculation_stats  # (the output ends at an EOS: later drafts are not proposed)
+        assert torch.equal(out, ref) and full.draft_steps >= 20 and full.draft_steps % 20 == 0, full.draft_steps
+        assert torch.equal(target.generate(PROMPT, max_new_tokens=30, do_sample=False, assistant_model=drafter), ref)
+        stopped = drafter.last_speculation_stats
+        assert stopped.draft_steps < full.draft_steps, (stopped.draft_steps, full.draft_steps)  # the stop at 0.4
+    finally:
+        drafter.generation_config = saved
 
 
 def test_streamer_and_stopping_criteria(pair):

@@ -365,15 +365,16 @@ def processors_with_state(bound: dict) -> list[str]:
 
 def _assistant_setting(assistant, generation_config, name: str):
     """A drafting setting: a value passed to generate() (anything but the library default) wins over the
-    drafter's own generation_config (transformers ignores it, #40739)."""
+    drafter's own generation_config (transformers ignores it, #40739); a trimmed drafter's config that leaves it
+    unset (None, transformers 5's way of saying "the default") gets transformers' default, as HF's own loop would."""
     default = generation_config._get_default_generation_params().get(name)
     passed = getattr(generation_config, name, None)
     if passed is not None and passed != default:
         return passed
     own = getattr(assistant.generation_config, name, None)
-    if not isinstance(assistant, TrimmedDrafter) and own == default:
-        return None  # an untrimmed assistant left at transformers' defaults (meant for its batch-1 schedule)
-    return own
+    if not isinstance(assistant, TrimmedDrafter):
+        return None if own in (None, default) else own  # an untrimmed assistant left at transformers' defaults
+    return default if own is None else own
 
 
 def install() -> None:
