@@ -590,11 +590,13 @@ class SpeculativeEngine:
 
     def _draft(self, L: int, cap: int | None = None):
         """Up to L drafter forwards per row: (laws (B, n, n_ids) or None, target ids (B, n), drafts each row proposes
-        (B,)). A row stops proposing after an unsure draft or an EOS (on the device: no
-        read). The batch stops drafting when every row has stopped only where a confidence stop is set (one read per
-        drafted position: the early stop is what the threshold buys) or a draft constraint reads each draft
-        anyway; otherwise it drafts all L positions with no read (past an EOS the drafts are simply not
-        proposed: exact, at the cost of a few drafter steps at the end of a sequence).
+        (B,)). The batch stops drafting once every row has had an unsure draft or an EOS, where a confidence stop is
+        set (one read per drafted position: the early stop is what the threshold buys) or a draft constraint reads
+        each draft anyway; otherwise it drafts all L positions with no read. A row proposes its drafts up to its
+        first EOS (past it they are simply not proposed: exact, at the cost of a few drafter steps at the end of a
+        sequence), also those after its unsure one: they were drafted for the other rows anyway, from the row's
+        own law, and the verify covers every drafted column, so proposing them is free and exact (at batch 1 the
+        unsure draft ends the round). Under a draft constraint a row stops proposing where its grammar stops it.
 
         Forced drafts: where the draft constraint says the grammar determines the next tokens of EVERY row
         (``forced``: a JSON key, the punctuation between fields), they are drafted without a drafter forward, up to
@@ -659,7 +661,7 @@ class SpeculativeEngine:
             if contexts is not None:
                 contexts = [torch.cat([c, tok]) for c, tok in zip(contexts, d.token)]
         tokens = torch.cat(tokens, dim=1)
-        if watch:
+        if self.constraint is not None:  # the grammar's own per-row stops
             proposes.clamp_(max=n)
         elif self.eos is not None:  # up to its first EOS (no forced drafts here: they come with a draft constraint)
             ends = torch.isin(tokens, self.eos)
