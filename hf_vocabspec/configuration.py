@@ -21,6 +21,7 @@ from typing import Any, TypedDict
 from transformers import AutoConfig, GenerationConfig, PreTrainedConfig
 
 __all__ = [
+    "CAPPED_DRAFT_LENGTH",
     "DEFAULT_CONFIDENCE_THRESHOLD",
     "DEFAULT_NUM_ASSISTANT_TOKENS",
     "MODEL_TYPE",
@@ -33,6 +34,7 @@ __all__ = [
     "check_batched_speculation",
     "check_confidence_threshold",
     "check_constrain_drafts",
+    "capped_draft_length",
     "check_draft_length",
     "check_drafting_settings",
     "check_weight_quantization",
@@ -52,6 +54,16 @@ MODEL_TYPE = "hf_vocabspec_trimmed_drafter"
 # (docs/results/default-draft-policy-machine-d-2026-11-28.md).
 DEFAULT_NUM_ASSISTANT_TOKENS = 12
 DEFAULT_CONFIDENCE_THRESHOLD = 0.4
+# Where a confidence stop cannot end the drafting early, the drafter's L is only a cap: SSD's trees (no stop) and
+# rounds of several rows (the batch drafts on while any row is sure) draft at most this many, unless generate()
+# is given num_assistant_tokens (pair G at batch 4, machine D, 2026-11-28: L = 12 with the stop 1.11x, L = 5 1.27x
+# same-kernel batched target-only).
+CAPPED_DRAFT_LENGTH = 5
+
+
+def capped_draft_length(num_draft_tokens: int, confidence_threshold: float) -> int:
+    """The draft length where a confidence stop cannot end the drafting (see CAPPED_DRAFT_LENGTH)."""
+    return min(int(num_draft_tokens), CAPPED_DRAFT_LENGTH) if confidence_threshold else int(num_draft_tokens)
 # Values of a drafter's ``generation_config.batched_speculation`` (the batched loop's fallback rule; the one home of
 # the valid values): "auto" decides from measured rounds, "on"/"off" force speculation / plain decoding.
 SPECULATION_MODES = ("auto", "on", "off")

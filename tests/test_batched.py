@@ -319,3 +319,27 @@ def test_auto_remembers_its_measurements_for_the_next_calls():
         assert _rows(out, ids.shape[1], EOS) == ref
     decisions = drafter.last_speculation_stats.decisions
     assert decisions and decisions[0].startswith("after 0 rounds, 0 plain steps:") and "earlier calls" in decisions[0]
+
+
+def test_rounds_of_several_rows_draft_at_most_5_of_a_confidence_stopped_L(library_draft_defaults):
+    """A fresh drafter's L=12 is a cap for its confidence stop; several rows cannot stop together often, so their
+    rounds draft CAPPED_DRAFT_LENGTH at most, unless generate() is given num_assistant_tokens or no stop."""
+    from hf_vocabspec.configuration import CAPPED_DRAFT_LENGTH
+
+    target, base = make_pair("llama", seed=3)
+    drafter = hf_vocabspec.trim_drafter(base, range(VOCAB))
+    drafter.generation_config.batched_speculation = "on"
+    ids = torch.randint(3, VOCAB, (3, 6), generator=torch.Generator().manual_seed(0))
+    kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=30)
+    ref = target.generate(ids, **kw)
+
+    def longest(**extra):
+        out = target.generate(ids, assistant_model=drafter, **kw, **extra)
+        assert torch.equal(out, ref)
+        return max(drafter.last_speculation_stats.per_round_proposed)
+
+    gc = drafter.generation_config
+    assert (CAPPED_DRAFT_LENGTH, gc.num_assistant_tokens, gc.assistant_confidence_threshold) == (5, 12, 0.4)
+    assert longest() == CAPPED_DRAFT_LENGTH
+    assert longest(num_assistant_tokens=12) > CAPPED_DRAFT_LENGTH
+    assert longest(assistant_confidence_threshold=0.0) > CAPPED_DRAFT_LENGTH  # no stop: L is a length, not a cap

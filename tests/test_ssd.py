@@ -400,13 +400,14 @@ def test_ssd_depth_is_5_where_the_drafters_length_is_a_cap_for_a_confidence_stop
     stop, takes depth 5 there, the drafter's L where it has no stop, and SSDConfig's where set."""
     from types import SimpleNamespace
 
-    from hf_vocabspec.ssd.config import SSD_DRAFT_LENGTH, fix_draft_length
+    from hf_vocabspec.configuration import CAPPED_DRAFT_LENGTH
+    from hf_vocabspec.ssd.config import fix_draft_length
 
     def gen(L, threshold):
         return SimpleNamespace(num_assistant_tokens=L, assistant_confidence_threshold=threshold,
                                assistant_generation_config=SimpleNamespace(num_assistant_tokens_schedule="heuristic"))
 
-    assert SSD_DRAFT_LENGTH == 5
+    assert CAPPED_DRAFT_LENGTH == 5
     assert fix_draft_length(g := gen(12, 0.4), SSDConfig()) == 5 and g.assistant_confidence_threshold == 0.0
     assert g.assistant_generation_config.num_assistant_tokens_schedule == "constant"
     assert fix_draft_length(gen(3, 0.4), SSDConfig()) == 3

@@ -24,7 +24,8 @@ from transformers import GenerationConfig
 from transformers.generation.candidate_generator import AssistedCandidateGenerator
 
 from .._io import atomic_write
-from ..configuration import DEFAULT_CONFIDENCE_THRESHOLD, DEFAULT_NUM_ASSISTANT_TOKENS, set_draft_length
+from ..configuration import (DEFAULT_CONFIDENCE_THRESHOLD, DEFAULT_NUM_ASSISTANT_TOKENS, capped_draft_length,
+                             set_draft_length)
 from ..cost import RoundModel, iid_acceptance, project_ssd_speedup
 from ..generation import SpeculationStats
 from ..hub import EvalResultRow
@@ -537,7 +538,6 @@ def run_benchmark(cfg: BenchConfig, out_dir, progress: Callable | None = None) -
     from pathlib import Path
 
     from ..coverage import count_assistant_tokens
-    from ..ssd.config import ssd_draft_length
     from ..trimming import trim_drafter
     from .offline import load_chat_dataset, load_model
 
@@ -585,7 +585,7 @@ def run_benchmark(cfg: BenchConfig, out_dir, progress: Callable | None = None) -
                                   generate_kwargs=_MODES[mode], progress=progress)
             rows = method_rows(res, "target only", "HF assisted (untrimmed)")
             if cfg.ssd:
-                ssd_rows(res, rows, methods, ssd_draft_length(cfg.num_draft_tokens, cfg.confidence_threshold))
+                ssd_rows(res, rows, methods, capped_draft_length(cfg.num_draft_tokens, cfg.confidence_threshold))
             for m in methods:
                 if isinstance(m.assistant, TrimmedDrafter):
                     rows[m.name]["eval_coverage"] = eval_counts.coverage_of(m.assistant.d2t)
@@ -609,12 +609,11 @@ def _ssd_methods(cfg: BenchConfig, name: str, drafter: TrimmedDrafter, sessions:
     2-thread ordinary rows is the baseline.
     """
     from ..ssd import SSDConfig, SSDSession
-    from ..ssd.config import ssd_draft_length
 
     with applied_attrs(drafter, {"use_context_tokens": False}):  # the worker copies the switches at start
         session = SSDSession(drafter, SSDConfig(fan_out=cfg.ssd_fan_out, saguaro_scale=cfg.ssd_saguaro_scale,
                                                 mode=cfg.ssd_mode,
-                                                num_draft_tokens=ssd_draft_length(cfg.num_draft_tokens, cfg.confidence_threshold)))
+                                                num_draft_tokens=capped_draft_length(cfg.num_draft_tokens, cfg.confidence_threshold)))
     sessions.append(session)
     off = {"use_context_tokens": False}
     return [Method(f"{name} (1 thread)", drafter, attrs=off, threads=1),

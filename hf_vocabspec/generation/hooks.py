@@ -40,6 +40,7 @@ from .. import verify_head as _verify_head
 from .._versions import check, supported_range
 from ..compatibility import DEFAULT_FIX, check_compatibility, target_rows, target_tokenizer_fingerprint
 from ..configuration import (
+    capped_draft_length,
     check_batched_speculation,
     check_constrain_drafts,
     check_drafting_settings,
@@ -220,10 +221,15 @@ def check_model_kwargs(model_kwargs: dict) -> None:
 PLAIN_ASSISTANT_DRAFT_LENGTH = 5
 
 
-def _draft_length(assistant, generation_config) -> int:
+def _draft_length(assistant, generation_config, rows: int = 1) -> int:
     """The draft length: a value passed to generate() wins over the drafter's own (HF ignores it, #40739); an
-    untrimmed assistant left at transformers' default drafts PLAIN_ASSISTANT_DRAFT_LENGTH."""
-    return int(_assistant_setting(assistant, generation_config, "num_assistant_tokens") or PLAIN_ASSISTANT_DRAFT_LENGTH)
+    untrimmed assistant left at transformers' default drafts PLAIN_ASSISTANT_DRAFT_LENGTH; a drafter's own L with
+    a confidence stop is a cap that rounds of several ``rows`` draw at most CAPPED_DRAFT_LENGTH from."""
+    L = int(_assistant_setting(assistant, generation_config, "num_assistant_tokens") or PLAIN_ASSISTANT_DRAFT_LENGTH)
+    passed = getattr(generation_config, "num_assistant_tokens", None)
+    if rows > 1 and passed in (None, generation_config._get_default_generation_params().get("num_assistant_tokens")):
+        L = capped_draft_length(L, _assistant_setting(assistant, generation_config, "assistant_confidence_threshold") or 0)
+    return L
 
 
 def batchable_plain_assistant(target, assistant, bound: dict) -> bool:
@@ -326,7 +332,7 @@ def _run_engine(target, assistant, bound: dict, kernels: str = "F.linear (not ou
         target, assistant, input_ids, bound.get("logits_processor"), stopping, generation_config,
         attention_mask=model_kwargs.get("attention_mask"),
         target_cache=model_kwargs.get("past_key_values", model_kwargs.get("cache")),
-        num_draft_tokens=_draft_length(assistant, generation_config),
+        num_draft_tokens=_draft_length(assistant, generation_config, input_ids.shape[0]),
         confidence_threshold=_assistant_setting(assistant, generation_config, "assistant_confidence_threshold") or 0.0,
         schedule=_assistant_setting(assistant, generation_config, "num_assistant_tokens_schedule") or "constant",
         speculation=speculation, streamer=bound.get("streamer"),

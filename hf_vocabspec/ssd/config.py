@@ -9,12 +9,11 @@ import warnings
 from dataclasses import InitVar, dataclass
 
 from .._io import first_line
-from ..configuration import check_draft_length
+from ..configuration import capped_draft_length, check_draft_length
 from ..cost import SSD_BACKUPS as BACKUPS
 from ..generation import SpeculationStats
 
-__all__ = ["BACKUPS", "MODES", "SSD_DRAFT_LENGTH", "SSDConfig", "SSDStats", "check_device", "fix_draft_length",
-           "ssd_draft_length"]
+__all__ = ["BACKUPS", "MODES", "SSDConfig", "SSDStats", "check_device", "fix_draft_length"]
 
 MODES = ("sync", "worker")
 
@@ -26,8 +25,8 @@ class SSDConfig:
     fan_out: predicted outcomes per depth (F); ``saguaro_scale``: C in (0, 1] (1 = plain sampling from q);
     ``backup``: what a miss does ("neural": just-in-time drafting; "none": no draft that round);
     ``num_draft_tokens``: the draft length L, the tree's depth (None = the drafter's generation_config or generate()'s
-    ``num_assistant_tokens``, transformers' name for it, or SSD_DRAFT_LENGTH where that L is a cap for a
-    confidence-stopped schedule, as a freshly trimmed drafter's is; ``num_assistant_tokens=`` is still accepted here, as the
+    ``num_assistant_tokens``, transformers' name for it, capped at CAPPED_DRAFT_LENGTH where that L is a cap
+    for a confidence-stopped schedule, as a freshly trimmed drafter's is; ``num_assistant_tokens=`` is still accepted here, as the
     old name of this field, and warns); ``mode``:
     "sync" or "worker"; ``device``/``draft_threads``: where the worker's drafter runs and its torch threads;
     ``fallback``: switch to ordinary drafting when the measured costs say SSD cannot pay, decided after
@@ -120,26 +119,16 @@ def check_device(device: object, what: str) -> None:
         raise ValueError(f"{what} {device!r} is not available on this machine ({first_line(err, 120)}): {fix}.") from None
 
 
-# SSD's tree depth where the drafter's own L is only a cap for a confidence-stopped schedule (SSD drafts whole
-# trees: it has no confidence stop)
-SSD_DRAFT_LENGTH = 5
-
-
-def ssd_draft_length(num_draft_tokens: int, confidence_threshold: float) -> int:
-    """SSD's depth for a drafter that drafts ``num_draft_tokens`` with this confidence stop (0: none)."""
-    return min(int(num_draft_tokens), SSD_DRAFT_LENGTH) if confidence_threshold else int(num_draft_tokens)
-
-
 def fix_draft_length(generator, ssd_config: SSDConfig) -> int:
     """Give an SSD-session generator its draft length L: ``ssd_config.num_draft_tokens`` when set (else the
-    value the generator already resolved from generate()/the drafter, or SSD_DRAFT_LENGTH where that value is a
-    cap for a confidence stop), a constant schedule and no confidence stop (L is the tree depth; drafts are cut
+    value the generator already resolved from generate()/the drafter, capped where it is a cap for a confidence
+    stop: configuration.capped_draft_length), a constant schedule and no confidence stop (L is the tree depth; drafts are cut
     only at EOS and max length). The one home of the SSD override.
     (``generator.num_assistant_tokens`` is transformers' candidate-generator attribute: its name is kept.)"""
     if ssd_config.num_draft_tokens is not None:
         generator.num_assistant_tokens = ssd_config.num_draft_tokens
     else:
-        generator.num_assistant_tokens = ssd_draft_length(generator.num_assistant_tokens,
+        generator.num_assistant_tokens = capped_draft_length(generator.num_assistant_tokens,
                                                           generator.assistant_confidence_threshold or 0.0)
     generator.num_assistant_tokens = int(generator.num_assistant_tokens)
     generator.assistant_generation_config.num_assistant_tokens_schedule = "constant"
