@@ -50,7 +50,7 @@ MODEL_TYPE = "hf_vocabspec_trimmed_drafter"
 # passed to `target.generate(num_assistant_tokens=...)` wins, see generation/hooks.py): draft up to 12 tokens a
 # round, stopping after a draft the drafter gives less than 0.4 (transformers' own assistant_confidence_threshold).
 # Measured against L = 5 without a stop (issue #36, machine D, 2026-11-28, greedy, same-kernel target-only): pair Q
-# ShareGPT 0.79x -> 1.13x, HumanEval 1.82x -> 2.07x; pair G 1.39x -> 1.46x, 1.44x -> 1.58x
+# ShareGPT 0.89x -> 1.05x, HumanEval 1.88x -> 2.17x; pair G 1.36x -> 1.42x, 1.34x -> 1.44x
 # (docs/results/default-draft-policy-machine-d-2026-11-28.md).
 DEFAULT_NUM_ASSISTANT_TOKENS = 12
 DEFAULT_CONFIDENCE_THRESHOLD = 0.4
