@@ -37,6 +37,16 @@ def draft_policy(args) -> tuple[int, float]:
             DEFAULT_CONFIDENCE_THRESHOLD if threshold is None else threshold)
 
 
+def draft_policy_args(parser) -> None:
+    """--num-draft-tokens and --confidence-threshold: the draft policy of every drafting method (draft_policy)."""
+    parser.add_argument("--num-draft-tokens", "--num-assistant-tokens", type=positive_int, default=None,
+                        dest="num_draft_tokens", help="draft length L of every drafting method (default: a freshly "
+                                                      "trimmed drafter's own)")
+    parser.add_argument("--confidence-threshold", type=confidence_threshold, default=None,
+                        help="stop a round's drafting after a draft the drafter gives less than this (0: never; "
+                             "default: a freshly trimmed drafter's own)")
+
+
 def check_drafter_tokenizer(args) -> None:
     """--target/--drafter must exist and share a tokenizer: checked on the tokenizers, before any model is loaded."""
     check_model_name(args.target, "--target")
@@ -351,12 +361,7 @@ def register(sub) -> None:
     d.add_argument("--max-prompt-tokens", type=positive_int, default=256)
     d.add_argument("--answer-prefix-tokens", type=non_negative_int, default=32,
                    help="prompts carry this many tokens of the reference answer (0: bare chat prompts)")
-    d.add_argument("--num-draft-tokens", "--num-assistant-tokens", type=positive_int, default=None,
-                   dest="num_draft_tokens", help="draft length L of every drafting method (default: a freshly "
-                                                 "trimmed drafter's own)")
-    d.add_argument("--confidence-threshold", type=confidence_threshold, default=None,
-                   help="stop a round's drafting after a draft the drafter gives less than this (0: never; "
-                        "default: a freshly trimmed drafter's own)")
+    draft_policy_args(d)
     d.add_argument("--repeats", type=positive_int, default=1)
     d.add_argument("--threads", type=positive_int, default=None)
     d.add_argument("--strict", action="store_true", help="exit 1 if greedy output differs from target-only")
@@ -377,12 +382,7 @@ def register(sub) -> None:
     b.add_argument("--prompts", type=positive_int, default=3)
     b.add_argument("--max-new-tokens", type=positive_int, default=48)
     b.add_argument("--repeats", type=positive_int, default=2)
-    b.add_argument("--num-draft-tokens", "--num-assistant-tokens", type=positive_int, default=None,
-                   dest="num_draft_tokens", help="draft length L of every drafting method (default: a freshly "
-                                                 "trimmed drafter's own)")
-    b.add_argument("--confidence-threshold", type=confidence_threshold, default=None,
-                   help="stop a round's drafting after a draft the drafter gives less than this (0: never; "
-                        "default: a freshly trimmed drafter's own)")
+    draft_policy_args(b)
     b.add_argument("--context-tokens", action="store_true",
                    help="also run every trimmed k with context tokens on (same drafter, method 'trimmed k=K +context')")
     b.add_argument("--kernel-levers", action="store_true",
