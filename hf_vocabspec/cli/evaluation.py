@@ -224,11 +224,12 @@ def cmd_bench(args) -> int:
         return _cmd_batch_bench(args, out)
     from ..evaluation.benchmark import BenchConfig, run_benchmark
 
+    draft_length, stop = draft_policy(args)
     cfg = BenchConfig(
         target=args.target, drafter=args.drafter, drafter_dtype=args.drafter_dtype, vocab_dataset=args.dataset,
         count_examples=args.count_examples, coverages=tuple(args.coverages), ks=tuple(args.ks), workloads=tuple(args.workloads),
         modes=tuple(args.modes), prompts=args.prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-        num_draft_tokens=draft_policy(args)[0], confidence_threshold=draft_policy(args)[1],
+        num_draft_tokens=draft_length, confidence_threshold=stop,
         context_tokens=args.context_tokens,
         kernel_levers=args.kernel_levers, ssd=args.ssd, ssd_mode=args.ssd_mode,
     )
@@ -248,11 +249,12 @@ def _cmd_batch_bench(args, out) -> int:
     from ..evaluation.batch_bench import BatchBenchConfig, format_batch_report, run_batch_bench
 
     coverage = args.coverages[0] if args.coverages else 0.95
+    draft_length, stop = draft_policy(args)
     cfg = BatchBenchConfig(
         target=args.target, drafter=args.drafter, drafter_dtype=args.drafter_dtype, vocab_dataset=args.dataset,
         count_examples=args.count_examples, coverage=coverage, context_tokens=True,
         batch_sizes=tuple(args.batch_sizes), max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-        num_draft_tokens=draft_policy(args)[0], confidence_threshold=draft_policy(args)[1],
+        num_draft_tokens=draft_length, confidence_threshold=stop,
         batched_speculation=args.batched_speculation,
     )
     with output_folder(out):

@@ -610,10 +610,10 @@ def _ssd_methods(cfg: BenchConfig, name: str, drafter: TrimmedDrafter, sessions:
     """
     from ..ssd import SSDConfig, SSDSession
 
+    depth = capped_draft_length(cfg.num_draft_tokens, cfg.confidence_threshold)
     with applied_attrs(drafter, {"use_context_tokens": False}):  # the worker copies the switches at start
         session = SSDSession(drafter, SSDConfig(fan_out=cfg.ssd_fan_out, saguaro_scale=cfg.ssd_saguaro_scale,
-                                                mode=cfg.ssd_mode,
-                                                num_draft_tokens=capped_draft_length(cfg.num_draft_tokens, cfg.confidence_threshold)))
+                                                mode=cfg.ssd_mode, num_draft_tokens=depth))
     sessions.append(session)
     off = {"use_context_tokens": False}
     return [Method(f"{name} (1 thread)", drafter, attrs=off, threads=1),

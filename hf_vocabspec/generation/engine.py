@@ -613,7 +613,9 @@ class SpeculativeEngine:
         row_ids = self.row_list
         probs, tokens = [], []
         watch = self.step.confidence_threshold > 0 or self.constraint is not None
-        proposes = torch.full((len(row_ids),), cap, dtype=torch.long, device=self.device) if watch else None
+        # per-row stops: only a draft constraint's (with a confidence stop alone, rows propose up to their EOS)
+        proposes = torch.full((len(row_ids),), cap, dtype=torch.long, device=self.device) \
+            if self.constraint is not None else None
         stopped = torch.zeros(len(row_ids), dtype=torch.bool, device=self.device) if watch else None
         n = forwards = 0
         while forwards < L and n < cap:
@@ -648,16 +650,18 @@ class SpeculativeEngine:
             ends = d.unsure if d.unsure is not None else torch.zeros_like(stopped)
             if self.eos is not None:
                 ends = ends | torch.isin(d.token[:, 0], self.eos)
-            proposes = torch.where(~stopped & ends, n, proposes)
-            stopped |= ends
             if self.constraint is not None:  # the grammar advances on each draft: one read per drafted position
+                proposes = torch.where(~stopped & ends, n, proposes)
+                stopped |= ends
                 seen = read(torch.stack([d.token[:, 0], stopped.long()], dim=1), self.stats)
                 for r, (token, _) in zip(row_ids, seen):
                     self.constraint.draft(r, token)
                 if all(x for _, x in seen):
                     break
-            elif watch and read(stopped.all(), self.stats):
-                break
+            else:
+                stopped |= ends
+                if read(stopped.all(), self.stats):
+                    break
             if contexts is not None:
                 contexts = [torch.cat([c, tok]) for c, tok in zip(contexts, d.token)]
         tokens = torch.cat(tokens, dim=1)

@@ -221,14 +221,13 @@ def check_model_kwargs(model_kwargs: dict) -> None:
 PLAIN_ASSISTANT_DRAFT_LENGTH = 5
 
 
-def _draft_length(assistant, generation_config, rows: int = 1) -> int:
+def _draft_length(assistant, generation_config, rows: int = 1, confidence_threshold: float = 0.0) -> int:
     """The draft length: a value passed to generate() wins over the drafter's own (HF ignores it, #40739); an
     untrimmed assistant left at transformers' default drafts PLAIN_ASSISTANT_DRAFT_LENGTH; a drafter's own L with
-    a confidence stop is a cap that rounds of several ``rows`` draw at most CAPPED_DRAFT_LENGTH from."""
+    a ``confidence_threshold`` is a cap that rounds of several ``rows`` draw at most CAPPED_DRAFT_LENGTH from."""
     L = int(_assistant_setting(assistant, generation_config, "num_assistant_tokens") or PLAIN_ASSISTANT_DRAFT_LENGTH)
-    passed = getattr(generation_config, "num_assistant_tokens", None)
-    if rows > 1 and passed in (None, generation_config._get_default_generation_params().get("num_assistant_tokens")):
-        L = capped_draft_length(L, _assistant_setting(assistant, generation_config, "assistant_confidence_threshold") or 0)
+    if rows > 1 and _passed(generation_config, "num_assistant_tokens") is None:
+        L = capped_draft_length(L, confidence_threshold)
     return L
 
 
@@ -328,12 +327,13 @@ def _run_engine(target, assistant, bound: dict, kernels: str = "F.linear (not ou
         raise ValueError(reason)
     speculation = check_batched_speculation(getattr(assistant.generation_config, "batched_speculation", "auto"))
     stopping = bound.get("stopping_criteria")
+    threshold = _assistant_setting(assistant, generation_config, "assistant_confidence_threshold") or 0.0
     engine = SpeculativeEngine(
         target, assistant, input_ids, bound.get("logits_processor"), stopping, generation_config,
         attention_mask=model_kwargs.get("attention_mask"),
         target_cache=model_kwargs.get("past_key_values", model_kwargs.get("cache")),
-        num_draft_tokens=_draft_length(assistant, generation_config, input_ids.shape[0]),
-        confidence_threshold=_assistant_setting(assistant, generation_config, "assistant_confidence_threshold") or 0.0,
+        num_draft_tokens=_draft_length(assistant, generation_config, input_ids.shape[0], threshold),
+        confidence_threshold=threshold,
         schedule=_assistant_setting(assistant, generation_config, "num_assistant_tokens_schedule") or "constant",
         speculation=speculation, streamer=bound.get("streamer"),
         keep_scores=bool(generation_config.return_dict_in_generate and generation_config.output_scores),
@@ -369,14 +369,21 @@ def processors_with_state(bound: dict) -> list[str]:
     return [type(p).__name__ for p in bound.get("logits_processor") or [] if not is_stateless(p)]
 
 
+def _passed(generation_config, name: str):
+    """A drafting setting passed to generate(): anything but transformers' default (None: not passed)."""
+    passed = getattr(generation_config, name, None)
+    return passed if passed is not None and passed != generation_config._get_default_generation_params().get(name) \
+        else None
+
+
 def _assistant_setting(assistant, generation_config, name: str):
     """A drafting setting: a value passed to generate() (anything but the library default) wins over the
     drafter's own generation_config (transformers ignores it, #40739); a trimmed drafter's config that leaves it
     unset (None, transformers 5's way of saying "the default") gets transformers' default, as HF's own loop would."""
-    default = generation_config._get_default_generation_params().get(name)
-    passed = getattr(generation_config, name, None)
-    if passed is not None and passed != default:
+    passed = _passed(generation_config, name)
+    if passed is not None:
         return passed
+    default = generation_config._get_default_generation_params().get(name)
     own = getattr(assistant.generation_config, name, None)
     if not isinstance(assistant, TrimmedDrafter):
         return None if own in (None, default) else own  # an untrimmed assistant left at transformers' defaults

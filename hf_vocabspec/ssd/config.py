@@ -24,10 +24,10 @@ class SSDConfig:
 
     fan_out: predicted outcomes per depth (F); ``saguaro_scale``: C in (0, 1] (1 = plain sampling from q);
     ``backup``: what a miss does ("neural": just-in-time drafting; "none": no draft that round);
-    ``num_draft_tokens``: the draft length L, the tree's depth (None = the drafter's generation_config or generate()'s
-    ``num_assistant_tokens``, transformers' name for it, capped at CAPPED_DRAFT_LENGTH where that L is a cap
-    for a confidence-stopped schedule, as a freshly trimmed drafter's is; ``num_assistant_tokens=`` is still accepted here, as the
-    old name of this field, and warns); ``mode``:
+    ``num_draft_tokens``: the draft length L, the tree's depth (None = the drafter's generation_config or
+    generate()'s ``num_assistant_tokens``, transformers' name for it, capped at CAPPED_DRAFT_LENGTH where that L is
+    a cap for a confidence-stopped schedule, as a freshly trimmed drafter's is; ``num_assistant_tokens=`` is still
+    accepted here, as the old name of this field, and warns); ``mode``:
     "sync" or "worker"; ``device``/``draft_threads``: where the worker's drafter runs and its torch threads;
     ``fallback``: switch to ordinary drafting when the measured costs say SSD cannot pay, decided after
     ``probe_rounds`` rounds; ``worker_timeout_s``: longest wait for a worker reply before the session gives
@@ -122,8 +122,8 @@ def check_device(device: object, what: str) -> None:
 def fix_draft_length(generator, ssd_config: SSDConfig) -> int:
     """Give an SSD-session generator its draft length L: ``ssd_config.num_draft_tokens`` when set (else the
     value the generator already resolved from generate()/the drafter, capped where it is a cap for a confidence
-    stop: configuration.capped_draft_length), a constant schedule and no confidence stop (L is the tree depth; drafts are cut
-    only at EOS and max length). The one home of the SSD override.
+    stop: configuration.capped_draft_length), a constant schedule and no confidence stop (L is the tree depth;
+    drafts are cut only at EOS and max length). The one home of the SSD override.
     (``generator.num_assistant_tokens`` is transformers' candidate-generator attribute: its name is kept.)"""
     if ssd_config.num_draft_tokens is not None:
         generator.num_assistant_tokens = ssd_config.num_draft_tokens
