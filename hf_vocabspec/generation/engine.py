@@ -156,19 +156,11 @@ _MEMORIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # drafter ->
 
 @dataclass
 class _Round:
-    """One round's outcome for the computing rows."""
+    """A sampled round's outcome for the computing rows, on the device."""
 
     accepted: torch.Tensor  # (B,) drafts accepted per row
-    # (B, J): row b's token after its accepted drafts is tokens[b, accepted[b]] where J > 1 (greedy: the target's
-    # argmax at every verified position, read with the round's outcome instead of gathered), else tokens[b, 0]
-    tokens: torch.Tensor
-
-    def new_column(self, accepted: list[int]) -> torch.Tensor | None:
-        """(B, 1) the new tokens on the device where they are one view (no gather), else None; ``accepted``: the
-        host copy of ``self.accepted``."""
-        if self.tokens.shape[1] == 1:
-            return self.tokens
-        return self.tokens.narrow(1, accepted[0], 1) if len(set(accepted)) == 1 else None
+    tokens: torch.Tensor  # (B, 1) each row's token after its accepted drafts
+    proposes: torch.Tensor  # (B,) drafts each row proposed
 
 
 @dataclass
@@ -588,9 +580,10 @@ class SpeculativeEngine:
         return [torch.cat([self.prompt[r], upload(self.gen[r] + [e.draft for e in self.chain[r]], self.device)])
                 for r in self.row_list]
 
-    def _draft(self, L: int, cap: int | None = None):
+    def _draft(self, L: int, cap: int | None = None, before: torch.Tensor | None = None):
         """Up to L drafter forwards per row: (laws (B, n, n_ids) or None, target ids (B, n), drafts each row proposes
-        (B,)). The batch stops drafting once every row has had an unsure draft or an EOS, where a confidence stop is
+        (B,), or None where that is every draft up to the row's first EOS: found from the drafts by the verification,
+        ``_proposes_on_host`` / ``_proposes_on_device``). The batch stops drafting once every row has had an unsure draft or an EOS, where a confidence stop is
         set (one read per drafted position: the early stop is what the threshold buys) or a draft constraint reads
         each draft anyway; otherwise it drafts all L positions with no read. A row proposes its drafts up to its
         first EOS (past it they are simply not proposed: exact, at the cost of a few drafter steps at the end of a
@@ -603,7 +596,10 @@ class SpeculativeEngine:
         ``cap`` drafts in all (they do not count against L), and fed to the drafter with its next forward (a
         forward of a few positions costs about one step). Their law is a point mass (a draft the drafter's side
         chose without drawing), so verification stays exact under sampling too; the target's own grammar
-        decides whether they are accepted."""
+        decides whether they are accepted.
+
+        ``before`` (B, f): columns the returned ids start with, the drafts after them (the verify's input in one
+        ``cat``: the target's unfed tokens, then the drafts)."""
         force = cap is not None and self.constraint is not None and self.step.rdk is None
         cap = L if cap is None else max(cap, L)
         T = self.seq.shape[1]
@@ -664,16 +660,25 @@ class SpeculativeEngine:
                     break
             if contexts is not None:
                 contexts = [torch.cat([c, tok]) for c, tok in zip(contexts, d.token)]
-        tokens = torch.cat(tokens, dim=1)
+        tokens = torch.cat(tokens if before is None else [before, *tokens], dim=1)
         if self.constraint is not None:  # the grammar's own per-row stops
             proposes.clamp_(max=n)
-        elif self.eos is not None:  # up to its first EOS (no forced drafts here: they come with a draft constraint)
-            ends = torch.isin(tokens, self.eos)
-            proposes = torch.where(ends.any(dim=1), ends.long().argmax(dim=1) + 1, n)
-        else:
-            proposes = torch.full((len(row_ids),), n, dtype=torch.long, device=self.device)
         self.drafted_len = fed
         return torch.cat(probs, dim=1) if probs else None, tokens, proposes
+
+    def _proposes_on_device(self, drafts: torch.Tensor) -> torch.Tensor:
+        """(B,) drafts each row proposes where ``_draft`` left it None: up to its first EOS (no forced drafts
+        there: they come with a draft constraint), on the device (sampled verification decides there)."""
+        n = drafts.shape[1]
+        if self.eos is None:
+            return torch.full((drafts.shape[0],), n, dtype=torch.long, device=self.device)
+        ends = torch.isin(drafts, self.eos)
+        return torch.where(ends.any(dim=1), ends.long().argmax(dim=1) + 1, n)
+
+    def _proposes_on_host(self, draft_rows: list[list[int]]) -> list[int]:
+        """The same from the drafts as read: each row up to its first EOS (``_proposes_on_device``'s rule)."""
+        eos = self.eos_set
+        return [next((j + 1 for j, t in enumerate(row) if t in eos), len(row)) for row in draft_rows]
 
     def _point_mass(self, idx: torch.Tensor) -> torch.Tensor:
         """(B, k, n_ids) the law of forced drafts: all mass on the draft chosen (no draw was made)."""
@@ -699,13 +704,12 @@ class SpeculativeEngine:
         return idx[:, :k], token[:, :k]
 
     def _verify(self, q, drafts, p_logits, proposes) -> _Round:
-        """Accepted drafts per row and the target's next token (exact for greedy and sampling)."""
+        """Sampled verification, on the device: accepted drafts per row, the target's next token and the drafts each
+        row proposed (``proposes`` None: ``_proposes_on_device``). Exact: u <= p(d)/q(d) accepts d, a rejection
+        draws from the residual, the bonus position from p. (Greedy verification is on the host: ``_outcome``.)"""
         B, L = drafts.shape
+        proposes = self._proposes_on_device(drafts) if proposes is None else proposes
         # a row judges only the drafts it proposed: its run of accepted drafts is cut at ``proposes``
-        if not self.do_sample:
-            best = p_logits.argmax(dim=-1)  # (B, L+1)
-            accepted = torch.minimum((best[:, :L] == drafts).cumprod(dim=1).sum(dim=1), proposes)
-            return _Round(accepted, best)
         p = p_logits.softmax(dim=-1)  # (B, L+1, V)
         p_draft = p[:, :L].gather(2, drafts[..., None])[..., 0]  # p(d_i)
         q_full = self.step.q_target(q, p.shape[-1])  # (B, L, V): the round's one full-vocabulary law
@@ -718,7 +722,38 @@ class SpeculativeEngine:
         rejected = accepted < proposes  # (the residual of every row, chosen on the device: no read)
         at = accepted.clamp(max=L - 1)
         p_next = torch.where(rejected[:, None], _residual(p_next, q_full[rows, at]), p_next)
-        return _Round(accepted, torch.multinomial(p_next, 1))
+        return _Round(accepted, torch.multinomial(p_next, 1), proposes)
+
+    def _outcome(self, q, drafts, p_logits, proposes):
+        """Verify a round and read its outcome, the round's one read: per computing row (drafts accepted, drafts
+        proposed, the drafts, the new token) as host values, and the new tokens as a (B, 1) device column where
+        that is one view (else None). Greedy verification reads the drafts and the target's argmax at every
+        verified position and compares them on the host: a row accepts its drafts while each is the target's
+        argmax, up to what it proposed, then takes the argmax at its first mismatch (or the bonus position)."""
+        n = drafts.shape[1]
+        if self.do_sample:
+            result = self._verify(q, drafts, p_logits, proposes)
+            seen = read(torch.cat([torch.stack([result.accepted, result.proposes], dim=1), drafts, result.tokens],
+                                  dim=1), self.stats)
+            return ([o[0] for o in seen], [o[1] for o in seen], [o[2 : 2 + n] for o in seen],
+                    [o[2 + n] for o in seen], result.tokens)
+        best = p_logits.argmax(dim=-1)  # (B, n + 1)
+        parts = [drafts, best] if proposes is None else [proposes[:, None], drafts, best]
+        seen = read(torch.cat(parts, dim=1), self.stats)
+        if proposes is not None:
+            props, seen = [o[0] for o in seen], [o[1:] for o in seen]
+        draft_rows = [o[:n] for o in seen]
+        if proposes is None:
+            props = self._proposes_on_host(draft_rows)
+        acc = []
+        for o, cap in zip(seen, props):
+            a = 0
+            while a < cap and o[a] == o[n + a]:
+                a += 1
+            acc.append(a)
+        new = [o[n + a] for o, a in zip(seen, acc)]
+        column = best.narrow(1, acc[0], 1) if len(set(acc)) == 1 else None
+        return acc, props, draft_rows, new, column
 
     def _take_context(self) -> None:
         """Pruned ids among the tokens emitted since the last round join the batch's context tokens."""
@@ -733,12 +768,27 @@ class SpeculativeEngine:
         total = 0
         for i, r in enumerate(self.row_list):
             tokens = (draft_rows[i][: acc[i]] if draft_rows is not None else []) + [new[i]]
+            if not (self.need_scores or self.keep_logits):  # no scores kept: the row's tokens in one piece
+                total += self._extend(r, tokens)
+                continue
             for j, t in enumerate(tokens):
                 total += 1
                 if self._append(r, t, processed[i, j] if self.need_scores else None,
                                 raw[i, j] if self.keep_logits else None):
                     break
         return total
+
+    def _extend(self, r: int, tokens: list[int]) -> int:
+        """``_append`` of several tokens (no scores kept): up to the first that ends the row; how many joined."""
+        out = self.gen[r]
+        tokens = tokens[: self.max_new - len(out)]
+        end = next((j + 1 for j, t in enumerate(tokens) if t in self.eos_set), None) if self.eos_set else None
+        tokens = tokens if end is None else tokens[:end]
+        out.extend(tokens)
+        self.emitted.extend(tokens)
+        if end is not None or len(out) >= self.max_new:
+            self.ended[r] = len(out)
+        return len(tokens)
 
     def _append(self, r: int, t: int, processed: torch.Tensor | None, raw: torch.Tensor | None) -> bool:
         """Token t joins original row r (with its processed scores / raw logits where they are kept until the
@@ -887,21 +937,13 @@ class SpeculativeEngine:
             return self._plain_step(round_=True)
         start = time.perf_counter()
         self._take_context()
-        q, drafts, proposes = self._draft(L)
-        t_draft = time.perf_counter()
         fresh = self.seq[:, self.target_cache.length :]  # the last token (the whole prompt in the first round)
-        raw = self._target_forward(torch.cat([fresh, drafts], dim=1), keep=drafts.shape[1] + 1)
+        q, feed, proposes = self._draft(L, before=fresh)
+        drafts = feed[:, fresh.shape[1] :]
+        t_draft = time.perf_counter()
+        raw = self._target_forward(feed, keep=drafts.shape[1] + 1)
         logits = self._process_target(raw, drafts)
-        result = self._verify(q, drafts, logits, proposes)
-        # the round's one read: per row its accepted drafts, proposed drafts, the drafts and the new token(s)
-        outcome = read(torch.cat([torch.stack([result.accepted, proposes], dim=1), drafts, result.tokens], dim=1),
-                       self.stats)
-        n = drafts.shape[1]
-        acc = [o[0] for o in outcome]
-        props = [o[1] for o in outcome]
-        draft_rows = [o[2 : 2 + n] for o in outcome]
-        greedy = result.tokens.shape[1] > 1  # (the new token at each row's first rejected or bonus position)
-        new = [o[2 + n + a] if greedy else o[2 + n] for o, a in zip(outcome, acc)]
+        acc, props, draft_rows, new, new_column = self._outcome(q, drafts, logits, proposes)
         t_verify = time.perf_counter()
         self.stats.draft_seconds += t_draft - start
         self.stats.verify_seconds += t_verify - t_draft
@@ -911,7 +953,7 @@ class SpeculativeEngine:
         self._count_round(rows_before, *counted)  # (a compiled verify's end: what a round within budget does)
         self._commit()
         T = self.seq.shape[1]
-        self._advance(drafts, [T + a for a in acc], new, result.new_column(acc))
+        self._advance(drafts, [T + a for a in acc], new, new_column)
         return emitted
 
     def _count_round(self, rows: int, accepted: list[int], proposed: list[int], adapt: bool = True) -> None:
@@ -970,9 +1012,13 @@ class SpeculativeEngine:
             self._take_context()
             cap = min(L + FORCED_ROOM, self._remaining() - 1) if self.constraint is not None and FORCED_ROOM else None
             q, drafts, proposes = self._draft(L, cap)
-            seen = read(torch.cat([proposes[:, None], drafts], dim=1), self.stats)  # one read of the drafts
-            props = [min(o[0], max(max(self.L, drafts.shape[1]) - t, 0)) for o, t in zip(seen, tentative)]
-            draft_rows = [o[1:] for o in seen]
+            if proposes is None:  # one read of the drafts
+                draft_rows = read(drafts, self.stats)
+                proposed = self._proposes_on_host(draft_rows)
+            else:
+                seen = read(torch.cat([proposes[:, None], drafts], dim=1), self.stats)
+                proposed, draft_rows = [o[0] for o in seen], [o[1:] for o in seen]
+            props = [min(p, max(max(self.L, drafts.shape[1]) - t, 0)) for p, t in zip(proposed, tentative)]
         t_draft = time.perf_counter()
         fresh = self.seq[:, self.target_cache.length :]
         n = drafts.shape[1] if drafts is not None else 0
