@@ -293,6 +293,7 @@ DRAFTER_SETTINGS = {
     "use_verify_head": "drafter.use_verify_head",
     "use_rdk": "drafter.use_rdk",
     "use_fast_linears": "drafter.use_fast_linears",
+    "compile_draft_step": "drafter.compile_draft_step",
     "weight_quantization": "drafter.quantize_weights",
 }
 

@@ -22,6 +22,7 @@ from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria,
 from transformers.generation.streamers import BaseStreamer
 
 import hf_vocabspec
+from hf_vocabspec import kernels
 from hf_vocabspec.generation import engine
 
 _COMMON = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=EOS, pad_token_id=0)
@@ -471,6 +472,72 @@ def test_power_compiled_drafter_misaligned_drafts_differently(monkeypatch):
     target.generate(**kw, assistant_model=drafter, compile_config=config)
     assert drafter.last_speculation_stats.compiled_draft
     assert drafter.last_speculation_stats.per_round_accepted != accepted
+
+
+def test_compile_draft_step_alone_compiles_only_the_drafters_steps(monkeypatch):
+    """``drafter.compile_draft_step = True`` (no static cache, no compile_config): the drafter's steps after its
+    first run through torch.compile (a real Inductor compile, static shapes) on a static cache of its own, the
+    target eager with the fast linears, the drafter's head too; its body keeps its own layers for the compiler.
+    Left-padded rows: output identical to target-only, and the compiled steps draft what the eager steps draft."""
+    from hf_vocabspec.generation import draft_step
+
+    target, drafter = pair("llama")
+    ids, mask = prompts(3)
+    kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=10)
+    ref = target.generate(**kw)
+    target.generate(**kw, assistant_model=drafter)
+    eager = drafter.last_speculation_stats
+    compiled_call = draft_step.compiled_call
+    seen, wrapped = [], []
+
+    def counted(module, options):
+        seen.append(options)
+        compiled = compiled_call(module, options)
+
+        def call(*args, **kwargs):
+            wrapped.append(sorted(id(m) for m in module.modules() if "forward" in m.__dict__))
+            return compiled(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(draft_step, "compiled_call", counted)
+    monkeypatch.setattr(drafter, "compile_draft_step", True, raising=False)
+    out = target.generate(**kw, assistant_model=drafter)
+    assert torch.equal(out, ref), (ref.tolist(), out.tolist())
+    stats = drafter.last_speculation_stats
+    assert stats.compiled_draft and not stats.compiled_verify and stats.target_cache == "DynamicCache"
+    assert "drafter steps compiled" in stats.kernels
+    assert seen and seen[0]["dynamic"] is False and len(wrapped) == stats.draft_steps - 1, (seen, len(wrapped))
+    assert all(not w for w in wrapped)  # no fast linears inside what the compiler traces
+    assert stats.per_round_accepted == eager.per_round_accepted
+
+
+@pytest.mark.skipif(not kernels.available(), reason="this torch has no oneDNN packed kernels")
+def test_compiled_draft_steps_keep_the_fast_linears_off_the_drafters_body():
+    """The one kernel choice with compiled draft steps alone: the fast linears on the target and on the drafter's
+    head (outside the compiled call), not on the body the compiler traces; with nothing compiled, on all three."""
+    import copy
+
+    from hf_vocabspec.verify_head import generate_kernels
+
+    target, drafter = (copy.deepcopy(m).float() for m in pair("llama"))
+
+    def swapped(module):
+        return {id(m) for m in module.modules() if "forward" in m.__dict__}
+
+    with generate_kernels(target, drafter, compiled_draft=True):
+        assert swapped(target) and id(drafter.lm_head) in swapped(drafter) and not swapped(drafter.model)
+    with generate_kernels(target, drafter):
+        assert swapped(target) and id(drafter.lm_head) in swapped(drafter) and swapped(drafter.model)
+    assert not swapped(target) and not swapped(drafter)  # restored
+
+
+def test_compile_draft_step_passed_to_generate_names_where_it_lives():
+    target, drafter = pair("llama")
+    ids, mask = prompts(1)
+    with pytest.raises(ValueError, match="drafter.compile_draft_step = True") as info:
+        target.generate(input_ids=ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=4,
+                        compile_draft_step=True)
+    assert "\n" not in str(info.value)
 
 
 def test_power_positions_of_a_stale_padding_layout_differ(monkeypatch):

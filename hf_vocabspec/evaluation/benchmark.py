@@ -393,7 +393,9 @@ def compare_methods(
                 m.prepare()
             with (applied_attrs(_drafter_of(m.assistant) or m.assistant, m.attrs), torch_threads(m.threads),
                   fast_linears(target, enabled=m.fast_linears)):
-                target.generate(prompts[0], attention_mask=torch.ones_like(prompts[0]), generation_config=warm_config,
+                # compiled draft steps: a whole call, so that every step shape compiles here (1- and 2-token feeds)
+                target.generate(prompts[0], attention_mask=torch.ones_like(prompts[0]),
+                                generation_config=config if m.attrs.get("compile_draft_step") else warm_config,
                                 assistant_model=m.assistant)
         for r, i, m in iterator:
             ids = prompts[i]

@@ -222,7 +222,9 @@ class DraftStep:
 
     def compile(self, options: dict, static_length: int) -> None:
         """Run the drafter's forwards after its first (the prompt's) compiled, on static caches (``new_cache``)."""
-        self.static_length = int(static_length)
+        # bucketed (powers of two from 256): calls of other lengths reuse the compiled step instead of recompiling
+        # for every cache width (the masked columns cost a small model's attention little)
+        self.static_length = max(256, 1 << (int(static_length) - 1).bit_length())
         self._compiled = graph_call(compiled_call(self.body if self.trimmed else self.model, options))
 
     @property

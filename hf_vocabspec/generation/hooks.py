@@ -315,7 +315,8 @@ def _engine_refusal(target, assistant, input_ids, generation_config, model_kwarg
     return None
 
 
-def _run_engine(target, assistant, bound: dict, kernels: str = "F.linear (not ours)", compiled: bool = False):
+def _run_engine(target, assistant, bound: dict, kernels: str = "F.linear (not ours)", compiled: bool = False,
+                compiled_draft: bool | None = None):
     """Every call with one of our drafters (and an untrimmed assistant at batch > 1) runs in our engine."""
     input_ids = bound["input_ids"]
     generation_config = bound["generation_config"]
@@ -341,8 +342,7 @@ def _run_engine(target, assistant, bound: dict, kernels: str = "F.linear (not ou
         constrain_drafts=check_constrain_drafts(
             getattr(getattr(assistant, "generation_config", None), "constrain_drafts", True)),
         target_call=target.get_compiled_call(generation_config.compile_config) if compiled else None,
-        compile_options=(generation_config.compile_config or target._default_compile_config()).to_dict()
-        if compiled else None)
+        compile_options=_draft_compile_options(target, generation_config, compiled, compiled_draft))
     engine.stats.kernels = kernels
     sequences = engine.run()
     assistant.last_speculation_stats = engine.stats
@@ -350,6 +350,26 @@ def _run_engine(target, assistant, bound: dict, kernels: str = "F.linear (not ou
         return GenerateDecoderOnlyOutput(sequences=sequences, scores=tuple(engine.scores) or None,
                                          logits=tuple(engine.raw_logits) or None)
     return sequences
+
+
+def _draft_compile_options(target, generation_config, compiled: bool, compiled_draft: bool | None) -> dict | None:
+    """torch.compile options of the drafter's steps: the call's compile_config (or the target's default) where the
+    verify is compiled too; for compiled draft steps alone the same with static shapes (``dynamic=False``): a
+    round's first step feeds 1 or 2 tokens, and a graph made dynamic by the second runs the one-token steps slower
+    than their own static graph."""
+    if not (compiled if compiled_draft is None else compiled_draft):
+        return None
+    options = (generation_config.compile_config or target._default_compile_config()).to_dict()
+    if not compiled:
+        options["dynamic"] = False
+    return options
+
+
+def compiles_draft_step(assistant) -> bool:
+    """Whether a trimmed drafter runs its draft steps compiled (``drafter.compile_draft_step = True``): its one-token
+    forwards after the prompt through ``torch.compile`` on a static cache of its own (Inductor fuses what the eager
+    step dispatches op by op), the target as without it. Off by default: the first call pays the compiles."""
+    return isinstance(assistant, TrimmedDrafter) and bool(getattr(assistant, "compile_draft_step", False))
 
 
 def compiled_verify(target, bound: dict) -> bool:
@@ -478,14 +498,19 @@ def install() -> None:
                                  "generation.")
             return assisted(self, *args, **kwargs)  # SSD: its candidate generator inside transformers' loop
         compiled = compiled_verify(self, bound)  # then the layers stay as compile sees them
-        with _verify_head.generate_kernels(self, assistant, compiled=compiled) as fast:  # the one kernel choice
+        compiled_draft = compiled or compiles_draft_step(assistant)
+        with _verify_head.generate_kernels(self, assistant, compiled=compiled,
+                                           compiled_draft=compiled_draft) as fast:  # the one kernel choice
             if _TRANSFORMERS_LOOP.get() and input_ids.shape[0] == 1 and not stateful:
                 return assisted(self, *args, **kwargs)
             kernels = str(fast)
             scheme = getattr(getattr(assistant, "config", None), "weight_quantization", None)
             if scheme:
                 kernels += f"; drafter {scheme} weights on {getattr(assistant, 'quantized_layers', 0)} layers"
-            return _run_engine(self, assistant, bound, kernels=kernels, compiled=compiled)
+            if compiled_draft and not compiled:
+                kernels += "; drafter steps compiled (compile_draft_step)"
+            return _run_engine(self, assistant, bound, kernels=kernels, compiled=compiled,
+                               compiled_draft=compiled_draft)
 
     _get_candidate_generator.__wrapped__ = get_generator
     _validate_generation_mode.__wrapped__ = validate
