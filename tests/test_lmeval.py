@@ -154,6 +154,24 @@ def test_python_route_equals_hf_backend(tiny, task_manager):
     assert ours["config"]["drafter"] == str(drafter)
 
 
+def test_compile_draft_step_model_arg_equals_hf_backend(tiny, task_manager):
+    """``compile_draft_step=True`` (a model arg, as ``--model_args ...,compile_draft_step=True`` passes it): the
+    drafter's steps run compiled (a real Inductor compile) and the outputs are the hf backend's."""
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.utils import simple_parse_args_string
+
+    tokenizer, target, drafter, _ = tiny
+    ref = _evaluate(HFLM(pretrained=target, tokenizer=tokenizer, batch_size=1), task_manager, "vocabspec_humaneval",
+                    limit=2)
+    args = simple_parse_args_string(f"drafter={drafter},compile_draft_step=True")
+    lm = VocabSpecLM(pretrained=target, tokenizer=tokenizer, batch_size=1, **args)
+    ours = _evaluate(lm, task_manager, "vocabspec_humaneval", limit=2)
+    assert _resps(ours, "vocabspec_humaneval") == _resps(ref, "vocabspec_humaneval")
+    assert lm.drafter.compile_draft_step and lm.drafter.last_speculation_stats.compiled_draft
+    with pytest.raises(ValueError, match="compile_draft_step=True"):
+        VocabSpecLM(pretrained=target, tokenizer=tokenizer, drafter=str(drafter), compile_draft_step="yes")
+
+
 def test_loglikelihood_equals_hf_backend(tiny, task_manager):
     from lm_eval.models.huggingface import HFLM
 
