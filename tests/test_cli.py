@@ -493,6 +493,25 @@ def test_bench_honours_ks_and_coverages_together(capsys, monkeypatch, tmp_path):
     assert seen["cfg"].ks == (5000,) and seen["cfg"].coverages == (0.9,)  # both trimmed (benchmark: sizes = both)
 
 
+def test_bench_compile_draft_step_reaches_both_benches(capsys, monkeypatch, tmp_path):
+    """--compile-draft-step is read by the plain bench (a 'compiled steps' row per trimmed k) and by the batched
+    one (its trimmed rows compiled): neither ignores it."""
+    from hf_vocabspec.evaluation import batch_bench, benchmark
+
+    seen = {}
+    monkeypatch.setattr(benchmark, "run_benchmark", lambda cfg, out, progress=None: seen.setdefault("plain", cfg) and {})
+    monkeypatch.setattr(benchmark, "format_report", lambda report: "")
+    monkeypatch.setattr(batch_bench, "run_batch_bench", lambda cfg, out, progress=None: seen.setdefault("batch", cfg))
+    monkeypatch.setattr(batch_bench, "format_batch_report", lambda report: "")
+    rc, err = run_cli(capsys, "bench", "--target", SMOL, "--compile-draft-step", "--output", str(tmp_path / "a"))
+    assert rc == 0, err
+    rc, err = run_cli(capsys, "bench", "--target", SMOL, "--compile-draft-step", "--batch-sizes", "2",
+                      "--coverages", "0.95", "--output", str(tmp_path / "b"))
+    assert rc == 0, err
+    assert seen["plain"].compile_draft_step and seen["batch"].compile_draft_step
+    assert not benchmark.BenchConfig().compile_draft_step and not batch_bench.BatchBenchConfig().compile_draft_step
+
+
 def test_select_refuses_counts_of_special_tokens_only(capsys, no_loading, tmp_path, tok):
     special = torch.tensor(sorted(set(tok.all_special_ids)))
     counts = torch.zeros(len(tok), dtype=torch.int64)

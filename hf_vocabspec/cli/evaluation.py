@@ -232,6 +232,7 @@ def cmd_bench(args) -> int:
         num_draft_tokens=draft_length, confidence_threshold=stop,
         context_tokens=args.context_tokens,
         kernel_levers=args.kernel_levers, ssd=args.ssd, ssd_mode=args.ssd_mode,
+        compile_draft_step=args.compile_draft_step,
     )
     with output_folder(out):
         report = run_benchmark(cfg, out, progress=lambda s: tqdm(s, desc="generate"))
@@ -255,7 +256,7 @@ def _cmd_batch_bench(args, out) -> int:
         count_examples=args.count_examples, coverage=coverage, context_tokens=True,
         batch_sizes=tuple(args.batch_sizes), max_new_tokens=args.max_new_tokens, repeats=args.repeats,
         num_draft_tokens=draft_length, confidence_threshold=stop,
-        batched_speculation=args.batched_speculation,
+        batched_speculation=args.batched_speculation, compile_draft_step=args.compile_draft_step,
     )
     with output_folder(out):
         report = run_batch_bench(cfg, out, progress=lambda s: tqdm.write(s))
@@ -390,6 +391,10 @@ def register(sub) -> None:
     b.add_argument("--kernel-levers", action="store_true",
                    help="also run target only with the fast linears our generate uses, and every trimmed method "
                         "without them (method names ending 'F.linear'): what the kernels contribute")
+    b.add_argument("--compile-draft-step", action="store_true",
+                   help="also run every trimmed k with its draft steps compiled (drafter.compile_draft_step; method "
+                        "'... compiled steps', the warm-up call pays the compiles); with --batch-sizes the trimmed "
+                        "speculative rows run compiled")
     b.add_argument("--ssd", action="store_true",
                    help="also run SSD (speculative speculative decoding) per trimmed k, next to ordinary drafting at 1 thread")
     b.add_argument("--ssd-mode", choices=["worker", "sync"], default="worker",

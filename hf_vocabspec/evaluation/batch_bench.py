@@ -40,6 +40,7 @@ class BatchBenchConfig:
     num_draft_tokens: int | None = None  # None: the trimmed drafter's own default (L and confidence stop)
     confidence_threshold: float = 0.0  # with num_draft_tokens: its confidence stop (0: none)
     batched_speculation: str = "auto"
+    compile_draft_step: bool = False  # the trimmed drafter's steps compiled (drafter.compile_draft_step)
     hf_loop: bool = True  # also time the batch-1 HF assisted loop (untrimmed drafter)
 
 
@@ -127,6 +128,7 @@ def run_batch_bench(cfg: BatchBenchConfig, out_dir, progress=None) -> dict:
     if cfg.num_draft_tokens:
         set_draft_length(trimmed.generation_config, cfg.num_draft_tokens, cfg.confidence_threshold)
     trimmed.generation_config.batched_speculation = cfg.batched_speculation
+    trimmed.compile_draft_step = cfg.compile_draft_step  # (compiled in the warm-up repeat, which is dropped)
     full = None
     if cfg.hf_loop:
         full = load_model(drafter_name, dtype=dtype).eval()

@@ -528,6 +528,9 @@ class BenchConfig:
     ssd_mode: str = "worker"
     ssd_fan_out: int = 3
     ssd_saguaro_scale: float = 1.0
+    # per trimmed k, a row with the drafter's steps compiled (drafter.compile_draft_step; context tokens as
+    # ``context_tokens`` says)
+    compile_draft_step: bool = False
 
 
 _MODES = {"greedy": {"do_sample": False}, "t0.7": {"do_sample": True, "temperature": 0.7, "top_k": 0},
@@ -568,6 +571,10 @@ def run_benchmark(cfg: BenchConfig, out_dir, progress: Callable | None = None) -
         if cfg.kernel_levers:
             methods += [Method(f"{m.name} F.linear", d, attrs={**m.attrs, "use_fast_linears": False})
                         for m in methods if m.assistant is d]
+        if cfg.compile_draft_step:
+            ctx = " +context" if cfg.context_tokens else ""
+            methods.append(Method(f"{name}{ctx} compiled steps", d,
+                                  attrs={"use_context_tokens": cfg.context_tokens, "compile_draft_step": True}))
         if cfg.ssd:
             methods += _ssd_methods(cfg, name, d, sessions)
 
