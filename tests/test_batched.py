@@ -16,7 +16,7 @@ from tiny import EOS, VOCAB, fake_compile, make_pair
 from tiny import left_padded as _batch
 
 import hf_vocabspec
-from hf_vocabspec.generation import engine
+from hf_vocabspec.generation import draft_step, engine
 
 KEEP = sorted({i for i in range(VOCAB) if i % 3 != 1} | {1, EOS})
 
@@ -319,6 +319,29 @@ def test_auto_remembers_its_measurements_for_the_next_calls():
         assert _rows(out, ids.shape[1], EOS) == ref
     decisions = drafter.last_speculation_stats.decisions
     assert decisions and decisions[0].startswith("after 0 rounds, 0 plain steps:") and "earlier calls" in decisions[0]
+
+
+def test_auto_does_not_measure_an_iteration_that_compiled(monkeypatch):
+    """With compiled draft steps an iteration that compiles a graph (the first of each step shape) takes seconds:
+    the auto rule keeps no measurement of it (else it would judge speculation by its compiles and remember that).
+    Power: with the counter still, the same call measures."""
+    target, drafter = _pair("llama", speculation="auto")
+    ids, mask = _batch([5, 9, 3])
+    ref = _reference(target, ids, mask, max_new_tokens=12)
+    monkeypatch.setattr(drafter, "compile_draft_step", True, raising=False)
+    monkeypatch.setattr(draft_step, "compiled_call", lambda module, options: module)  # "compiled": the eager body
+    kept = []
+    keep = engine._Memory.keep
+    monkeypatch.setattr(engine._Memory, "keep", lambda self, setting, measured: (kept.append(list(measured)),
+                                                                                   keep(self, setting, measured)))
+    tick = iter(range(10**6))
+    for counter, measures in ((lambda: next(tick), False), (lambda: 7, True)):
+        engine._MEMORIES.pop(drafter, None)
+        monkeypatch.setattr(engine, "compiled_graphs", counter)
+        out = target.generate(input_ids=ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=12,
+                              do_sample=False)
+        assert _rows(out, ids.shape[1], EOS) == ref and drafter.last_speculation_stats.compiled_draft
+        assert bool(kept[-1]) == measures, kept[-1]
 
 
 def test_rounds_of_several_rows_draft_at_most_5_of_a_confidence_stopped_L(library_draft_defaults):

@@ -197,6 +197,16 @@ def static_layers_supported(cache) -> bool:
         for layer in cache.layers) and all(isinstance(layer.cumulative_length, torch.Tensor) for layer in attention)
 
 
+def compiled_graphs() -> int:
+    """Graphs torch.compile has made in this process so far (``torch._dynamo``'s own counter; 0 where a torch
+    lacks it): an iteration of the auto rule that made one paid its compile, which is not the mode's speed."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return 0
+    return int(counters["stats"].get("unique_graphs", 0))
+
+
 class _AlignedCache:
     """A cache whose rows are right-aligned: realign / compact / repeat / crop on every layer type it holds.
 
@@ -1131,6 +1141,7 @@ class SpeculativeEngine:
         mode = "decode" if self.speculation == "off" else "speculate"
         last_mode, iteration = None, 0
         auto = self.speculation == "auto"
+        compiled = self.step.compiled or self.target_call is not None
         while self.row_list:
             rows = len(self.row_list)
             if auto:
@@ -1139,10 +1150,12 @@ class SpeculativeEngine:
                     self.stats.decision = why
                     self.stats.decisions.append(f"after {self.stats.rounds} rounds, {self.stats.plain_steps} "
                                                 f"plain steps: {why}")
+            graphs = compiled_graphs() if compiled else 0
             t0 = time.perf_counter()
             emitted = self._speculative_round() if mode == "speculate" else self._plain_step()
             seconds = time.perf_counter() - t0
-            if auto and mode == last_mode and seconds > 0:  # (the first iteration after a switch pays one-offs)
+            # (the first iteration after a switch pays one-offs; an iteration that compiled a graph paid its compile)
+            if auto and mode == last_mode and seconds > 0 and (not compiled or compiled_graphs() == graphs):
                 self.measured.append(Measured(mode, emitted / seconds, rows, iteration))
             last_mode = mode
             iteration += 1
