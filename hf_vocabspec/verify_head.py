@@ -182,8 +182,8 @@ def generate_kernels(target: nn.Module, assistant, compiled: bool = False,
     fast linears are entered first: a head they wrap is left alone by the verify head (it sees a replaced forward), so
     the verify head serves only where they do not (see :mod:`hf_vocabspec.kernels` for why both exist). Yields the
     fast linears' report (``stats.kernels``). ``compiled`` (the verify and the draft steps run compiled): neither,
-    so the layers stay what the compiler traces; ``compiled_draft`` (only the draft steps run compiled,
-    ``compiles_draft_step``): the fast linears on the target alone."""
+    so the layers stay what the compiler traces; ``compiled_draft`` (only a trimmed drafter's steps run compiled,
+    ``compiles_draft_step``): the fast linears on the target and the drafter's head, not its body."""
     # compiled draft steps: the drafter's body is what the compiler traces; its head (outside the compiled call)
     # keeps the fast linears
     models = (target, assistant.lm_head) if compiled_draft else (target, assistant)

@@ -685,6 +685,20 @@ class SpeculativeEngine:
         ends = torch.isin(drafts, self.eos)
         return torch.where(ends.any(dim=1), ends.long().argmax(dim=1) + 1, n)
 
+    def _read_drafts(self, drafts: torch.Tensor, proposes: torch.Tensor | None, after: torch.Tensor | None = None):
+        """One read of a round's drafts (B, n), with ``after`` (B, m) where given (greedy: the target's argmax):
+        (drafts each row proposes, the drafts, each row's ``after``) as host lists. ``proposes`` None (``_draft``'s
+        every draft up to the row's first EOS): found from the drafts as read (``_proposes_on_host``)."""
+        n = drafts.shape[1]
+        parts = ([] if proposes is None else [proposes[:, None]]) + [drafts] + ([] if after is None else [after])
+        seen = read(torch.cat(parts, dim=1) if len(parts) > 1 else drafts, self.stats)
+        if proposes is not None:
+            props, seen = [o[0] for o in seen], [o[1:] for o in seen]
+        draft_rows = [o[:n] for o in seen]
+        if proposes is None:
+            props = self._proposes_on_host(draft_rows)
+        return props, draft_rows, [o[n:] for o in seen]
+
     def _proposes_on_host(self, draft_rows: list[list[int]]) -> list[int]:
         """The same from the drafts as read: each row up to its first EOS (``_proposes_on_device``'s rule)."""
         eos = self.eos_set
@@ -748,20 +762,14 @@ class SpeculativeEngine:
             return ([o[0] for o in seen], [o[1] for o in seen], [o[2 : 2 + n] for o in seen],
                     [o[2 + n] for o in seen], result.tokens)
         best = p_logits.argmax(dim=-1)  # (B, n + 1)
-        parts = [drafts, best] if proposes is None else [proposes[:, None], drafts, best]
-        seen = read(torch.cat(parts, dim=1), self.stats)
-        if proposes is not None:
-            props, seen = [o[0] for o in seen], [o[1:] for o in seen]
-        draft_rows = [o[:n] for o in seen]
-        if proposes is None:
-            props = self._proposes_on_host(draft_rows)
+        props, draft_rows, best_rows = self._read_drafts(drafts, proposes, best)
         acc = []
-        for o, cap in zip(seen, props):
+        for row, target_row, cap in zip(draft_rows, best_rows, props):
             a = 0
-            while a < cap and o[a] == o[n + a]:
+            while a < cap and row[a] == target_row[a]:
                 a += 1
             acc.append(a)
-        new = [o[n + a] for o, a in zip(seen, acc)]
+        new = [target_row[a] for target_row, a in zip(best_rows, acc)]
         column = best.narrow(1, acc[0], 1) if len(set(acc)) == 1 else None
         return acc, props, draft_rows, new, column
 
@@ -778,27 +786,12 @@ class SpeculativeEngine:
         total = 0
         for i, r in enumerate(self.row_list):
             tokens = (draft_rows[i][: acc[i]] if draft_rows is not None else []) + [new[i]]
-            if not (self.need_scores or self.keep_logits):  # no scores kept: the row's tokens in one piece
-                total += self._extend(r, tokens)
-                continue
             for j, t in enumerate(tokens):
                 total += 1
                 if self._append(r, t, processed[i, j] if self.need_scores else None,
                                 raw[i, j] if self.keep_logits else None):
                     break
         return total
-
-    def _extend(self, r: int, tokens: list[int]) -> int:
-        """``_append`` of several tokens (no scores kept): up to the first that ends the row; how many joined."""
-        out = self.gen[r]
-        tokens = tokens[: self.max_new - len(out)]
-        end = next((j + 1 for j, t in enumerate(tokens) if t in self.eos_set), None) if self.eos_set else None
-        tokens = tokens if end is None else tokens[:end]
-        out.extend(tokens)
-        self.emitted.extend(tokens)
-        if end is not None or len(out) >= self.max_new:
-            self.ended[r] = len(out)
-        return len(tokens)
 
     def _append(self, r: int, t: int, processed: torch.Tensor | None, raw: torch.Tensor | None) -> bool:
         """Token t joins original row r (with its processed scores / raw logits where they are kept until the
@@ -1022,12 +1015,7 @@ class SpeculativeEngine:
             self._take_context()
             cap = min(L + FORCED_ROOM, self._remaining() - 1) if self.constraint is not None and FORCED_ROOM else None
             q, drafts, proposes = self._draft(L, cap)
-            if proposes is None:  # one read of the drafts
-                draft_rows = read(drafts, self.stats)
-                proposed = self._proposes_on_host(draft_rows)
-            else:
-                seen = read(torch.cat([proposes[:, None], drafts], dim=1), self.stats)
-                proposed, draft_rows = [o[0] for o in seen], [o[1:] for o in seen]
+            proposed, draft_rows, _ = self._read_drafts(drafts, proposes)  # one read of the drafts
             props = [min(p, max(max(self.L, drafts.shape[1]) - t, 0)) for p, t in zip(proposed, tentative)]
         t_draft = time.perf_counter()
         fresh = self.seq[:, self.target_cache.length :]

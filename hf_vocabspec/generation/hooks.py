@@ -316,7 +316,7 @@ def _engine_refusal(target, assistant, input_ids, generation_config, model_kwarg
 
 
 def _run_engine(target, assistant, bound: dict, kernels: str = "F.linear (not ours)", compiled: bool = False,
-                compiled_draft: bool | None = None):
+                compiled_draft: bool = False):
     """Every call with one of our drafters (and an untrimmed assistant at batch > 1) runs in our engine."""
     input_ids = bound["input_ids"]
     generation_config = bound["generation_config"]
@@ -352,15 +352,15 @@ def _run_engine(target, assistant, bound: dict, kernels: str = "F.linear (not ou
     return sequences
 
 
-def _draft_compile_options(target, generation_config, compiled: bool, compiled_draft: bool | None) -> dict | None:
+def _draft_compile_options(target, generation_config, compiled: bool, compiled_draft: bool) -> dict | None:
     """torch.compile options of the drafter's steps: the call's compile_config (or the target's default) where the
-    verify is compiled too; for compiled draft steps alone the same with static shapes (``dynamic=False``): a
-    round's first step feeds 1 or 2 tokens, and a graph made dynamic by the second runs the one-token steps slower
-    than their own static graph."""
-    if not (compiled if compiled_draft is None else compiled_draft):
+    verify is compiled too (``compiled``); for compiled draft steps alone (``compiled_draft``) the same with static
+    shapes (``dynamic=False``): a round's first step feeds 1 or 2 tokens, and a graph made dynamic by the second runs
+    the one-token steps slower than their own static graph. None: the drafter's steps run eager."""
+    if not (compiled or compiled_draft):
         return None
     options = (generation_config.compile_config or target._default_compile_config()).to_dict()
-    if not compiled:
+    if compiled_draft:
         options["dynamic"] = False
     return options
 
@@ -498,7 +498,7 @@ def install() -> None:
                                  "generation.")
             return assisted(self, *args, **kwargs)  # SSD: its candidate generator inside transformers' loop
         compiled = compiled_verify(self, bound)  # then the layers stay as compile sees them
-        compiled_draft = compiled or compiles_draft_step(assistant)
+        compiled_draft = not compiled and compiles_draft_step(assistant)  # the drafter's steps alone compiled
         with _verify_head.generate_kernels(self, assistant, compiled=compiled,
                                            compiled_draft=compiled_draft) as fast:  # the one kernel choice
             if _TRANSFORMERS_LOOP.get() and input_ids.shape[0] == 1 and not stateful:
@@ -507,7 +507,7 @@ def install() -> None:
             scheme = getattr(getattr(assistant, "config", None), "weight_quantization", None)
             if scheme:
                 kernels += f"; drafter {scheme} weights on {getattr(assistant, 'quantized_layers', 0)} layers"
-            if compiled_draft and not compiled:
+            if compiled_draft:
                 kernels += "; drafter steps compiled (compile_draft_step)"
             return _run_engine(self, assistant, bound, kernels=kernels, compiled=compiled,
                                compiled_draft=compiled_draft)
