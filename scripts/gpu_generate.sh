@@ -6,7 +6,7 @@
 #       --platform manylinux2014_x86_64 -d .whl transformers==5.24.0
 #   for m in qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct; do
 #       mkdir -p .gpu/configs/$m; cp ~/.cache/hf_vocabspec/v2/models/$m/config.json .gpu/configs/$m/; done
-# then, with the device tool: run `bash scripts/gpu_generate.sh` carrying .whl and .gpu (timeout_s 540).
+# then, with the device tool: run `bash scripts/gpu_generate.sh` carrying .whl and .gpu (timeout_s 590).
 # It writes (1) scripts/bench_gpu_generate.py's table into $OUT/gpu_generate.md/.json (target-only eager and
 # static cache + compile; our engine eager and on the static cache with its verify and draft steps compiled, the
 # verify alone compiled, every draft accepted / none; pair-Q and 7B-class shapes from the real configs, random
@@ -15,19 +15,19 @@
 # left-padded rows) and (3) the generate contract's greedy-identity cases on CUDA with the time left.
 source "$(dirname "$0")/_gpu_common.sh"
 start=$(date +%s)
-timeout 280 python3 scripts/bench_gpu_generate.py --configs .gpu/configs --out "$OUT" --budget "${BUDGET:-250}" \
-  --plan ${PLAN:-pair-q:compiled:1 pair-q:eager:1 7b:compiled:1 pair-q:compiled:16} \
+timeout 360 python3 scripts/bench_gpu_generate.py --configs .gpu/configs --out "$OUT" --budget "${BUDGET:-330}" \
+  --plan ${PLAN:-pair-q:compiled:1 pair-q:eager:1 pair-q:assisted:1 pair-q:compiled:16 7b:compiled:1} \
   2>&1 | grep -v "^\[transformers\]\|^Loading\|warn(" | tee "$OUT/bench.log" | grep -v "^\s*$" | grep "^|\|^Machine\|^Total\|Error\|error"
 echo "compiled path on CUDA at $(( $(date +%s) - start )) s"
 # (on CUDA a static cache compiles: each case compiles its tiny models, 20-40 s; the most telling first)
 C=tests/test_contract.py
-HF_VOCABSPEC_TEST_DEVICE=cuda timeout 150 python3 -m pytest -v -p no:cacheprovider \
+HF_VOCABSPEC_TEST_DEVICE=cuda timeout 120 python3 -m pytest -v -p no:cacheprovider \
   $C::test_static_cache_with_compile_runs_compiled_steps "$C::test_static_cache_identical_to_target_only[llama-3-greedy]" \
   $C::test_power_compiled_drafter_misaligned_drafts_differently "$C::test_static_cache_identical_to_target_only[llama4-3-greedy]" \
   2>&1 | grep "PASS\|FAIL\|ERROR\|passed\|failed" | tee "$OUT/compiled_cuda.txt"  # names: which one is slow
-left=$(( 500 - ($(date +%s) - start) ))
+left=$(( 560 - ($(date +%s) - start) ))
 echo "contract on CUDA with ${left} s left"
 if [ "$left" -gt 40 ]; then
-  HF_VOCABSPEC_TEST_DEVICE=cuda timeout "$left" python3 -m pytest -q -x -p no:cacheprovider tests/test_contract.py \
+  HF_VOCABSPEC_TEST_DEVICE=cuda timeout "$left" python3 -m pytest -q -x -n 4 -p no:cacheprovider tests/test_contract.py \
     -k "identical and not static" 2>&1 | tail -4 | tee "$OUT/contract_cuda.txt"
 fi

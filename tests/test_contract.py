@@ -358,7 +358,6 @@ def test_static_cache_with_compile_runs_compiled_steps(monkeypatch):
     kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=10, cache_implementation="static",
               compile_config=config)
     ref = target.generate(**kw)
-    monkeypatch.setattr(target, "get_compiled_call", counted)
     drafts = []
     compiled_call = draft_step.compiled_call
 
@@ -372,8 +371,11 @@ def test_static_cache_with_compile_runs_compiled_steps(monkeypatch):
         return call
 
     eager = {k: v for k, v in kw.items() if k != "compile_config"}
-    target.generate(**eager, assistant_model=drafter)  # the drafts are what the eager steps propose
+    # the drafts are what the eager steps propose (disable_compile: on CUDA a static cache alone compiles)
+    target.generate(**eager, disable_compile=True, assistant_model=drafter)
+    assert not drafter.last_speculation_stats.compiled_verify
     accepted = drafter.last_speculation_stats.per_round_accepted
+    monkeypatch.setattr(target, "get_compiled_call", counted)  # (after the eager run: counts this call's alone)
     monkeypatch.setattr(draft_step, "compiled_call", counted_draft)
     out = target.generate(**kw, assistant_model=drafter)
     assert torch.equal(out, ref), (ref.tolist(), out.tolist())
