@@ -48,6 +48,33 @@ QWEN_7B = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
 
 
+def collect_syncs(fn):
+    """Run ``fn`` with every warning shown; count those about a synchronizing CUDA call (torch's sync debug mode
+    warns once per call) and tally each one's call site: the innermost three frames of hf_vocabspec, transformers
+    or torch code (innermost first)."""
+    import collections
+    import traceback
+
+    sites: collections.Counter = collections.Counter()
+    count = 0
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        nonlocal count
+        if "synchroniz" not in str(message):
+            return
+        count += 1
+        frames = [f for f in traceback.extract_stack()[:-1]
+                  if any(k in f.filename for k in ("hf_vocabspec", "transformers", "torch")) and "warnings" not in f.filename]
+        sites[" < ".join(f"{f.filename.rsplit('/', 2)[-2]}/{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}"
+                         for f in reversed(frames[-3:]))] += 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        fn()
+    return count, sites
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", default=".gpu/configs", help="folder with qwen2.5-coder-{1.5b,0.5b}-instruct/config.json")
@@ -71,6 +98,11 @@ def main() -> None:
     ap.add_argument("--compile-on-cpu", action="store_true",
                     help="with --static-on-cpu: really compile on a CPU (a compile_config that compiles on every "
                          "device; Inductor without CUDA graphs): smoke test of the compiled path's tracing")
+    ap.add_argument("--assisted-caches", nargs="+", choices=["dynamic", "static"], default=["dynamic", "static"],
+                    help="the caches transformers' own assisted loop is timed with (static: ~80 s of compiles on CUDA)")
+    ap.add_argument("--profile", action="store_true",
+                    help="torch.profiler tables of one call (ours eager, transformers' assisted, ours compiled, at "
+                         "batch 1) into profile.txt; each synchronizing call's site into sync_sites.txt")
     ap.add_argument("--out", default=os.environ.get("OUT", "results"))
     args = ap.parse_args()
 
@@ -155,17 +187,40 @@ def main() -> None:
             times.append(time.perf_counter() - t)
         return statistics.median(times), out
 
-    def count_syncs(fn) -> int | None:
+    def count_syncs(fn, label: str | None = None) -> int | None:
+        """Synchronizing CUDA calls of one call of ``fn``; with ``label`` each one's Python call site (the innermost
+        frames of the library code) is tallied into sync_sites.txt beside the table."""
         if not cuda:
             return None
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                fn()
+            n, sites = collect_syncs(fn)
         finally:
             torch.cuda.set_sync_debug_mode(0)
-        return sum("synchroniz" in str(w.message) for w in caught)
+        if label:
+            with open(os.path.join(args.out, "sync_sites.txt"), "a") as f:
+                f.write(f"=== {label}: {n} synchronizing calls\n")
+                f.writelines(f"{k:5d}  {site}\n" for site, k in sites.most_common(25))
+        return n
+
+    def profile(label: str, fn) -> None:
+        """--profile: torch.profiler over one call of ``fn`` (CPU time and, on CUDA, kernel launches by op) into
+        profile.txt beside the table, to place a round's host time."""
+        if not args.profile or left() < 30:
+            return
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as torch_profile
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with torch_profile(activities=activities) as p:
+            fn()
+            sync()
+        averages = p.key_averages()
+        launches = {e.key: e.count for e in averages if e.key.startswith(("cudaLaunch", "cuLaunch", "cudaGraphLaunch",
+                                                                          "cudaMemcpy", "cudaStreamSynchronize"))}
+        ops = sum(e.count for e in averages if e.key.startswith("aten::"))
+        with open(os.path.join(args.out, "profile.txt"), "a") as f:
+            f.write(f"=== {label}: {ops} aten ops; launches and copies {launches}\n")
+            f.write(averages.table(sort_by="self_cpu_time_total", row_limit=30) + "\n")
 
     def record(shape, b, method, seconds, tokens, base=None, compiled_base=None, rounds=None, tau=None, syncs=None,
                projected=False):
@@ -243,7 +298,9 @@ def main() -> None:
             if new == n and not torch.equal(out, ref):
                 emit(f"| {shape} | {b} | {label}: OUTPUT DIFFERS from target-only | | | | | | | |")
             record(shape, b, label, s, b * new, base=eager[shape, b], rounds=st.rounds, tau=st.mean_accepted_length,
-                   syncs=count_syncs(ours))
+                   syncs=count_syncs(ours, f"{shape} {b} {label}" if args.profile else None))
+            if b == 1 and new == n:
+                profile(f"{shape} {b} {label}", ours)
             if drafter is m["accept_all"] and b == 1 and left() > 60:  # the static target cache (eager), batch 1
                 def ours_static(d=drafter):
                     return target_only(n, assistant_model=d, cache_implementation="static")
@@ -263,6 +320,8 @@ def main() -> None:
         m, ids = pair(shape), prompt(shape, 1)
         for label, kw in (("transformers assisted, dynamic cache", {}),
                           ("transformers assisted, static cache", {"cache_implementation": "static"})):
+            if ("static" if kw else "dynamic") not in args.assisted_caches:
+                continue
             if left() < 60:
                 skip(f"{shape} {label}")
                 continue
@@ -273,7 +332,10 @@ def main() -> None:
                 t = time.perf_counter()
                 s, _ = timed(hf, args.repeats)
                 record(shape, 1, f"{label} (warm-up {time.perf_counter() - t - s * args.repeats:.0f} s)",
-                       s, args.new_tokens, base=eager.get((shape, 1)), syncs=count_syncs(hf))
+                       s, args.new_tokens, base=eager.get((shape, 1)),
+                       syncs=count_syncs(hf, f"{shape} 1 {label}" if args.profile else None))
+                if not kw:
+                    profile(f"{shape} 1 {label}", hf)
             except Exception as e:  # noqa: BLE001 - a method that fails is a row, not the end of the run
                 emit(f"| {shape} | 1 | {label}: {failed(f'{shape} {label}', e)} | | | | | | | |")
 
@@ -320,7 +382,10 @@ def main() -> None:
                     emit(f"| {shape} | {b} | ours static cache, {how}: OUTPUT DIFFERS from target-only | | | | | | | |")
                 record(shape, b, f"ours static cache, {how}, {accepted} (warm-up {warm:.0f} s, {graphs() - g} graphs)",
                        s_ours, b * new, base=eager.get((shape, b)), compiled_base=compiled[shape, b],
-                       rounds=st.rounds, tau=st.mean_accepted_length, syncs=count_syncs(ours))
+                       rounds=st.rounds, tau=st.mean_accepted_length,
+                       syncs=count_syncs(ours, f"{shape} {b} ours compiled {variant}" if args.profile else None))
+                if b == 1 and not variant and drafter is m["accept_all"]:
+                    profile(f"{shape} {b} ours static cache, {how}", ours)
             except Exception as e:  # noqa: BLE001 - a variant that fails is a row
                 emit(f"| {shape} | {b} | ours static cache {variant}: {failed(f'{shape} {b} ours {variant}', e)} "
                      "| | | | | | | |")

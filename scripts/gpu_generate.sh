@@ -7,6 +7,10 @@
 #   for m in qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct; do
 #       mkdir -p .gpu/configs/$m; cp ~/.cache/hf_vocabspec/v2/models/$m/config.json .gpu/configs/$m/; done
 # then, with the device tool: run `bash scripts/gpu_generate.sh` carrying .whl and .gpu (timeout_s 590).
+# Measured so far (docs/results/gpu-generate-h200-2026-11-28.md): pair Q's shapes at batch 1, eager, compiled and
+# transformers' assisted loop. Open, so first now: why our eager round is slower than transformers' (--profile:
+# profile.txt) and where the compiled path's 8 host syncs per round come from (sync_sites.txt); then batch 16 and
+# the 7B-class shape compiled, which the budget skipped.
 # It writes (1) scripts/bench_gpu_generate.py's table into $OUT/gpu_generate.md/.json (target-only eager and
 # static cache + compile; our engine eager and on the static cache with its verify and draft steps compiled, the
 # verify alone compiled, every draft accepted / none; pair-Q and 7B-class shapes from the real configs, random
@@ -16,7 +20,8 @@
 source "$(dirname "$0")/_gpu_common.sh"
 start=$(date +%s)
 timeout 360 python3 scripts/bench_gpu_generate.py --configs .gpu/configs --out "$OUT" --budget "${BUDGET:-330}" \
-  --plan ${PLAN:-pair-q:compiled:1 pair-q:eager:1 pair-q:assisted:1 pair-q:compiled:16 7b:compiled:1} \
+  --profile --assisted-caches dynamic \
+  --plan ${PLAN:-pair-q:eager:1 pair-q:assisted:1 pair-q:compiled:1 pair-q:compiled:16 7b:compiled:1} \
   2>&1 | grep -v "^\[transformers\]\|^Loading\|warn(" | tee "$OUT/bench.log" | grep -v "^\s*$" | grep "^|\|^Machine\|^Total\|Error\|error"
 echo "compiled path on CUDA at $(( $(date +%s) - start )) s"
 # (on CUDA a static cache compiles: each case compiles its tiny models, 20-40 s; the most telling first)
