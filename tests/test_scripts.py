@@ -26,7 +26,7 @@ def test_bench_gpu_generate_smoke_on_cpu(tmp_path):
         [sys.executable, str(ROOT / "scripts" / "bench_gpu_generate.py"), "--device", "cpu", "--scale", "tiny",
          "--configs", str(configs), "--out", str(out), "--new-tokens", "6", "--none-new-tokens", "2",
          "--repeats", "1", "--prompt-tokens", "8", "--static-on-cpu", "--dtype", "float32",
-         "--plan", "pair-q:eager:1,2", "pair-q:compiled:1", "7b:eager:1", "pair-q:assisted:1"],
+         "--profile", "--plan", "pair-q:eager:1,2", "pair-q:compiled:1", "7b:eager:1", "pair-q:assisted:1"],
         capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     table = (out / "gpu_generate.md").read_text()
@@ -34,6 +34,9 @@ def test_bench_gpu_generate_smoke_on_cpu(tmp_path):
     table = table.replace("failed: ValueError: assisted generate is not supported with Static cache classes", "")
     assert "DIFFERS" not in table and "failed" not in table and "skipped" not in table, table
     assert "ours eager, static target cache" in table and "ours static cache, eager verify" in table, table
+    profiles = (out / "profile.txt").read_text()  # --profile: one table per method at batch 1
+    assert "=== pair-q 1 ours eager, all accepted" in profiles and "transformers assisted, dynamic" in profiles
+    assert "ours static cache, eager verify" in profiles and "aten::" in profiles
     rows = json.loads((out / "gpu_generate.json").read_text())
     methods = {(r["shape"], r["batch"], r["method"].split(" (")[0]) for r in rows}
     for b in (1, 2):
