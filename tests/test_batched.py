@@ -9,6 +9,8 @@ mix-up must fail.
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 import torch
 from marginals import PVALUE_THRESHOLD, chi2_pvalue, exact_marginals
@@ -107,25 +109,56 @@ def test_forced_off_is_plain_decoding_and_auto_decides_from_measurements():
     assert stats.decisions and "tok/s" in stats.decisions[0]
 
 
+def _measured(mode: str, rate: float, rows: int, *iterations: int) -> list:
+    """Iterations of ``mode`` at ``rate`` tokens/s (``rows`` tokens each)."""
+    return [engine.Measured(mode, rows, rows / rate, rows, i) for i in iterations]
+
+
 def test_auto_judges_realized_throughput_and_switches_either_way():
     """choose_mode: probe what lacks fresh measurements, then the faster mode; a shrinking batch or age makes
     measurements stale, so the other mode is probed again and the choice can flip back."""
-    M = engine.Measured
+    P = engine.PROBE_MEASUREMENTS
     assert engine.choose_mode([], 8, 0)[0] == "speculate"
-    spec = [M("speculate", 100.0, 8, 1), M("speculate", 110.0, 8, 2)]
-    assert engine.choose_mode(spec, 8, 3) == ("decode", "probe decode")
-    plain = [M("decode", 150.0, 8, 4), M("decode", 140.0, 8, 5)]
-    mode, why = engine.choose_mode(spec + plain, 8, 6)
+    spec = _measured("speculate", 105.0, 8, *range(1, P + 1))
+    assert engine.choose_mode(spec[:-1], 8, P) == ("speculate", "probe speculate")
+    assert engine.choose_mode(spec, 8, P + 1) == ("decode", "probe decode")
+    plain = _measured("decode", 145.0, 8, *range(P + 1, 2 * P + 1))
+    mode, why = engine.choose_mode(spec + plain, 8, 2 * P + 1)
     assert mode == "decode" and "105.0 tok/s speculating vs 145.0 plain at 8 rows" in why
     # rows finished: 5 of 8 left, both modes' measurements are stale -> speculation is probed again
-    assert engine.choose_mode(spec + plain, 5, 7)[0] == "speculate"
-    fresh_spec = [M("speculate", 90.0, 5, 8), M("speculate", 95.0, 5, 9)]
-    assert engine.choose_mode(spec + plain + fresh_spec, 5, 10)[0] == "decode"  # plain still needs a fresh probe
-    fresh_plain = [M("decode", 60.0, 5, 11), M("decode", 62.0, 5, 12)]
-    assert engine.choose_mode(spec + plain + fresh_spec + fresh_plain, 5, 13)[0] == "speculate"
+    i = 2 * P + 2
+    assert engine.choose_mode(spec + plain, 5, i)[0] == "speculate"
+    fresh_spec = _measured("speculate", 92.0, 5, *range(i, i + P))
+    assert engine.choose_mode(spec + plain + fresh_spec, 5, i + P)[0] == "decode"  # plain still needs a fresh probe
+    fresh_plain = _measured("decode", 61.0, 5, *range(i + P, i + 2 * P))
+    assert engine.choose_mode(spec + plain + fresh_spec + fresh_plain, 5, i + 2 * P)[0] == "speculate"
     # age alone makes a measurement stale
-    assert engine.choose_mode(fresh_spec + fresh_plain, 5, 13 + engine.FRESH_ITERATIONS)[0] == "speculate"
-    assert engine.choose_mode(fresh_spec + fresh_plain, 5, 13 + engine.FRESH_ITERATIONS)[1].startswith("probe")
+    late = i + 2 * P + engine.FRESH_ITERATIONS
+    assert engine.choose_mode(fresh_spec + fresh_plain, 5, late)[0] == "speculate"
+    assert engine.choose_mode(fresh_spec + fresh_plain, 5, late)[1].startswith("probe")
+
+
+def test_auto_rate_is_mean_tokens_over_median_seconds():
+    """A mode's realized rate: mean tokens per iteration over median seconds. Two ways the earlier rule (median of
+    per-iteration rates, 2 probes) decided wrongly at batch 2, each a power check of the new one:
+    - skewed acceptance: rounds of 2, 12, 2 tokens in 0.1 s each make 53 tok/s, not the median round's 20;
+    - a plain step that paid a one-off (1 s instead of 0.08 s) does not make plain decoding look slow."""
+    M = engine.Measured
+    rounds = [M("speculate", t, 0.1, 2, i) for i, t in enumerate((2, 12, 2))]
+    steps = [M("decode", 2, s, 2, 3 + i) for i, s in enumerate((0.08, 0.08, 0.08))]
+    assert engine.realized_rate(rounds) == pytest.approx(16 / 3 / 0.1)
+    mode, why = engine.choose_mode(rounds + steps, 2, 6)
+    assert mode == "speculate" and "53.3 tok/s speculating vs 25.0 plain" in why
+    median_of_rates = statistics.median(x.tokens / x.seconds for x in rounds)
+    assert median_of_rates < 25.0  # (what the earlier rule measured: it decoded)
+    slow = [M("decode", 2, s, 2, 3 + i) for i, s in enumerate((0.08, 1.0, 0.08))]
+    even = [M("speculate", 4, 0.1, 2, i) for i in range(3)]  # 40 tok/s against plain's 25: plain must lose ...
+    assert engine.choose_mode(even + steps, 2, 6)[0] == "speculate"
+    fast = [M("decode", 2, s, 2, 3 + i) for i, s in enumerate((0.04, 0.04, 1.0))]  # ... and win at 50 tok/s
+    assert engine.choose_mode(even + fast, 2, 6)[0] == "decode"
+    assert engine.choose_mode(even + slow, 2, 6)[0] == "speculate"
+    assert statistics.fmean(x.tokens / x.seconds for x in fast) < 40.0  # a mean of rates would have missed it
+    assert engine.PROBE_MEASUREMENTS >= 3  # a median of seconds outvotes one one-off only with 3 or more
 
 
 def test_num_return_sequences_greedy_needs_sampling_like_transformers():
@@ -294,13 +327,14 @@ def test_auto_remembers_its_measurements_for_the_next_calls():
     M = engine.Measured
     memory = engine._Memory()
     setting = ("t", False, 5)
-    spec = [M("speculate", 100.0, 8, 1), M("speculate", 110.0, 8, 2)]
-    plain = [M("decode", 150.0, 8, 4), M("decode", 140.0, 8, 5)]
+    P = engine.PROBE_MEASUREMENTS
+    spec = _measured("speculate", 105.0, 8, *range(1, P + 1))
+    plain = _measured("decode", 145.0, 8, *range(P + 1, 2 * P + 1))
     memory.keep(setting, spec + plain)
     recalled = memory.recall(setting)
     assert all(x.iteration == 0 and x.calls_ago == 1 for x in recalled)
     mode, why = engine.choose_mode(recalled, 8, 0)
-    assert mode == "decode" and "4 of them from earlier calls" in why
+    assert mode == "decode" and f"{2 * P} of them from earlier calls" in why
     assert engine.choose_mode(recalled, 4, 0)[1] == "probe speculate"  # other rows: not fresh (either way)
     assert engine.choose_mode(recalled, 8, engine.FRESH_ITERATIONS)[1] == "probe speculate"  # aged in this call
     assert memory.recall(("t", True, 5)) == []  # another setting remembers nothing

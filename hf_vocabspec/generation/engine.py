@@ -84,8 +84,9 @@ from .stats import SpeculationStats
 from .vocabulary import is_stateless, is_value_only
 
 # Measurements of each mode the auto decision needs (the first round or step after a switch is not timed: it
-# pays one-off costs such as the drafter catching up on the tokens plain steps made).
-PROBE_MEASUREMENTS = 2
+# pays one-off costs such as the drafter catching up on the tokens plain steps made). Three, so that one iteration
+# that paid a one-off (a slow step) cannot decide alone: seconds are judged by their median.
+PROBE_MEASUREMENTS = 3
 # A measurement is fresh while the batch has at least this share of the rows it was taken with ...
 FRESH_ROWS = 0.75
 # ... and fewer than this many loop iterations passed since (then the other mode is probed again).
@@ -102,13 +103,21 @@ SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attenti
 
 @dataclass
 class Measured:
-    """One timed loop iteration of a mode: tokens emitted per second, with how many rows, when."""
+    """One timed loop iteration of a mode: tokens emitted in how many seconds, with how many rows, when."""
 
     mode: str  # "speculate" or "decode"
-    tokens_per_s: float
+    tokens: int
+    seconds: float
     rows: int
     iteration: int
     calls_ago: int = 0  # > 0: remembered from an earlier call (its iteration then counts as 0 of this call)
+
+
+def realized_rate(measured: list[Measured]) -> float:
+    """A mode's tokens per second from its iterations: their MEAN tokens (a speculative round's tokens vary with
+    acceptance, and throughput is their mean, which a median of per-round rates misses when acceptance is skewed)
+    over their MEDIAN seconds (an iteration that paid a one-off does not move it)."""
+    return statistics.fmean(x.tokens for x in measured) / statistics.median(x.seconds for x in measured)
 
 
 def _fresh(x: Measured, rows: int, iteration: int) -> bool:
@@ -118,12 +127,12 @@ def _fresh(x: Measured, rows: int, iteration: int) -> bool:
 
 def choose_mode(measured: list[Measured], rows: int, iteration: int) -> tuple[str, str]:
     """(mode to run next, why): probe a mode without enough fresh measurements (speculation first), else run the
-    faster one by median realized tokens/s."""
+    faster one by realized tokens/s (:func:`realized_rate`)."""
     fresh = {m: [x for x in measured if x.mode == m and _fresh(x, rows, iteration)] for m in ("speculate", "decode")}
     for mode in ("speculate", "decode"):
         if len(fresh[mode]) < PROBE_MEASUREMENTS:
             return mode, f"probe {mode}"
-    spec, plain = (statistics.median(x.tokens_per_s for x in fresh[m]) for m in ("speculate", "decode"))
+    spec, plain = (realized_rate(fresh[m]) for m in ("speculate", "decode"))
     mode = "speculate" if spec > plain else "decode"
     old = sum(x.calls_ago > 0 for m in fresh.values() for x in m)
     since = f"; {old} of them from earlier calls" if old else ""
@@ -1144,7 +1153,7 @@ class SpeculativeEngine:
             seconds = time.perf_counter() - t0
             # (the first iteration after a switch pays one-offs; an iteration that compiled a graph paid its compile)
             if auto and mode == last_mode and seconds > 0 and (not compiled or compiled_graphs() == graphs):
-                self.measured.append(Measured(mode, emitted / seconds, rows, iteration))
+                self.measured.append(Measured(mode, emitted, seconds, rows, iteration))
             last_mode = mode
             iteration += 1
         if self.speculation == "auto":
