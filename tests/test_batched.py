@@ -321,6 +321,26 @@ def test_untrimmed_same_vocabulary_assistant_batches_through_our_loop():
     assert base.last_speculation_stats.batch_size == 3
 
 
+def test_auto_re_measures_a_close_verdict():
+    """A close verdict (within CLOSE_VERDICT) re-probes the slower mode once its measurements are
+    RECHECK_ITERATIONS old, and then judges it by the new ones alone: measurements of a first call that paid
+    one-offs stop deciding. A clear verdict is not re-probed before FRESH_ITERATIONS (power: the same ages)."""
+    P, R = engine.PROBE_MEASUREMENTS, engine.RECHECK_ITERATIONS
+    slow_spec = _measured("speculate", 24.0, 2, *range(P))  # paid one-offs: 24 tok/s against plain's 26
+    plain = _measured("decode", 26.0, 2, *range(P, 2 * P))
+    assert engine.choose_mode(slow_spec + plain, 2, 2 * P)[0] == "decode"
+    later = R + P  # the speculative measurements are now older than R iterations
+    plain_now = plain + _measured("decode", 26.0, 2, *range(2 * P, later))
+    mode, why = engine.choose_mode(slow_spec + plain_now, 2, later)
+    assert (mode, why) == ("speculate", "probe speculate (a close verdict, re-measured)")
+    spec_now = _measured("speculate", 31.0, 2, *range(later, later + P))  # its true speed
+    mode, why = engine.choose_mode(slow_spec + plain_now + spec_now, 2, later + P)
+    assert mode == "speculate" and "31.0 tok/s speculating vs 26.0 plain" in why  # the old ones no longer count
+    clear_spec = _measured("speculate", 15.0, 2, *range(P))  # a clear verdict: no re-probe at the same age
+    assert engine.choose_mode(clear_spec + plain_now, 2, later) == (
+        "decode", "decode (measured: 15.0 tok/s speculating vs 26.0 plain at 2 rows)")
+
+
 def test_auto_remembers_its_measurements_for_the_next_calls():
     """A call starts in the mode earlier calls measured faster at its rows (no probes), recalled measurements
     count as fresh only at about the same rows, and expire after MEMORY_CALLS calls."""

@@ -91,6 +91,12 @@ PROBE_MEASUREMENTS = 3
 FRESH_ROWS = 0.75
 # ... and fewer than this many loop iterations passed since (then the other mode is probed again).
 FRESH_ITERATIONS = 64
+# A close verdict (the slower mode within this share of the faster's rate) is re-measured: the slower mode's
+# measurements older than RECHECK_ITERATIONS no longer count, so it is probed again (those of a first call in a
+# process, which pays one-offs, would otherwise decide for the next MEMORY_CALLS calls). Costs at most a few
+# iterations of a mode within 20% of the faster, every RECHECK_ITERATIONS.
+CLOSE_VERDICT = 0.8
+RECHECK_ITERATIONS = 16
 # Measurements are remembered for this many later calls with the same drafter, target and settings.
 MEMORY_CALLS = 8
 # Drafts a round may add beyond L where the grammar forces them (``_draft``: forced drafts cost no drafter forward;
@@ -127,12 +133,21 @@ def _fresh(x: Measured, rows: int, iteration: int) -> bool:
 
 def choose_mode(measured: list[Measured], rows: int, iteration: int) -> tuple[str, str]:
     """(mode to run next, why): probe a mode without enough fresh measurements (speculation first), else run the
-    faster one by realized tokens/s (:func:`realized_rate`)."""
+    faster one by realized tokens/s (:func:`realized_rate`); where the two are close, each counts only its
+    measurements of the last RECHECK_ITERATIONS where it has enough, and the slower is probed again when it has
+    too few."""
     fresh = {m: [x for x in measured if x.mode == m and _fresh(x, rows, iteration)] for m in ("speculate", "decode")}
     for mode in ("speculate", "decode"):
         if len(fresh[mode]) < PROBE_MEASUREMENTS:
             return mode, f"probe {mode}"
     spec, plain = (realized_rate(fresh[m]) for m in ("speculate", "decode"))
+    slower = "decode" if spec > plain else "speculate"
+    if min(spec, plain) >= CLOSE_VERDICT * max(spec, plain):  # close: recent measurements, where enough
+        recent = {m: [x for x in xs if iteration - x.iteration < RECHECK_ITERATIONS] for m, xs in fresh.items()}
+        if len(recent[slower]) < PROBE_MEASUREMENTS:
+            return slower, f"probe {slower} (a close verdict, re-measured)"
+        fresh = {m: recent[m] if len(recent[m]) >= PROBE_MEASUREMENTS else xs for m, xs in fresh.items()}
+        spec, plain = (realized_rate(fresh[m]) for m in ("speculate", "decode"))
     mode = "speculate" if spec > plain else "decode"
     old = sum(x.calls_ago > 0 for m in fresh.values() for x in m)
     since = f"; {old} of them from earlier calls" if old else ""
