@@ -85,7 +85,7 @@ from .vocabulary import is_stateless, is_value_only
 
 # Measurements of each mode the auto decision needs (the first round or step after a switch is not timed: it
 # pays one-off costs such as the drafter catching up on the tokens plain steps made). Three, so that one iteration
-# that paid a one-off (a slow step) cannot decide alone: seconds are judged by their median.
+# that paid a one-off (a slow step) is outvoted (``realized_rate`` leaves it out by the median rate).
 PROBE_MEASUREMENTS = 3
 # A measurement is fresh while the batch has at least this share of the rows it was taken with ...
 FRESH_ROWS = 0.75
@@ -120,10 +120,14 @@ class Measured:
 
 
 def realized_rate(measured: list[Measured]) -> float:
-    """A mode's tokens per second from its iterations: their MEAN tokens (a speculative round's tokens vary with
-    acceptance, and throughput is their mean, which a median of per-round rates misses when acceptance is skewed)
-    over their MEDIAN seconds (an iteration that paid a one-off does not move it)."""
-    return statistics.fmean(x.tokens for x in measured) / statistics.median(x.seconds for x in measured)
+    """A mode's tokens per second from its iterations: their total tokens over their total seconds (throughput
+    itself: a speculative round's tokens vary with acceptance and, with the confidence stop, its seconds with them,
+    so neither a median of per-round rates nor mean tokens over median seconds is it), leaving out one-offs: an
+    iteration at under half the median iteration's rate (a compile, a first-time kernel pack)."""
+    rates = [x.tokens / x.seconds for x in measured]
+    floor = statistics.median(rates) / 2
+    kept = [x for x, r in zip(measured, rates) if r >= floor]
+    return sum(x.tokens for x in kept) / sum(x.seconds for x in kept)
 
 
 def _fresh(x: Measured, rows: int, iteration: int) -> bool:
