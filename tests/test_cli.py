@@ -558,3 +558,19 @@ def test_trim_keeping_the_whole_vocabulary_runs_and_reports_1x(capsys, cli_model
                       "float32", "--output", str(tmp_path / "whole"))
     assert rc == 0, err
     assert (tmp_path / "whole" / "config.json").is_file()
+
+
+def test_batch_bench_header_names_the_draft_length_rounds_of_several_rows_use():
+    """The batched bench's header states the L its rounds of several rows draft (the drafter's L with a confidence
+    stop is capped there), not the drafter's own L alone; without a stop the two agree."""
+    from hf_vocabspec.configuration import CAPPED_DRAFT_LENGTH
+    from hf_vocabspec.evaluation.batch_bench import format_batch_report
+
+    machine = dict(cpu="cpu", cpu_count=2, torch_threads=2, torch="t", transformers="tf", date="d")
+    config = dict(target="offline:gemma-3-270m", drafter_dtype="bfloat16", max_new_tokens=48, repeats=2)
+    report = dict(machine=machine, config=config, kept_vocab=13_395, full_vocab=262_144, runs=[], draft_length=12,
+                  confidence_threshold=0.4, batched_draft_length=CAPPED_DRAFT_LENGTH)
+    header = format_batch_report(report).splitlines()[0]
+    assert f"L={CAPPED_DRAFT_LENGTH} at batch > 1 (the drafter's L=12 with its confidence stop 0.4, capped)" in header
+    report.update(confidence_threshold=0.0, batched_draft_length=12)
+    assert ", L=12, greedy" in format_batch_report(report).splitlines()[0]

@@ -111,7 +111,7 @@ def _first_diff_margin(target, prompt: torch.Tensor, ours: list[int], ref: list[
 
 
 def run_batch_bench(cfg: BatchBenchConfig, out_dir, progress=None) -> dict:
-    from ..configuration import set_draft_length
+    from ..configuration import capped_draft_length, set_draft_length
     from ..trimming import trim_drafter
     from .benchmark import machine_info
     from .data import eval_prompts, load_workload
@@ -140,7 +140,11 @@ def run_batch_bench(cfg: BatchBenchConfig, out_dir, progress=None) -> dict:
                             else (target.generation_config.eos_token_id or []))}
     gen = {"do_sample": False, "max_new_tokens": cfg.max_new_tokens, "pad_token_id": pad}
     report = {"config": asdict(cfg), "machine": machine_info(), "kept_vocab": int(k), "full_vocab": len(tokenizer),
-              "draft_length": int(trimmed.generation_config.num_assistant_tokens), "runs": []}
+              "draft_length": int(trimmed.generation_config.num_assistant_tokens),
+              "confidence_threshold": float(trimmed.generation_config.assistant_confidence_threshold or 0.0),
+              "runs": []}
+    # what rounds of several rows draft (the engine's cap where a confidence stop cannot end the drafting)
+    report["batched_draft_length"] = capped_draft_length(report["draft_length"], report["confidence_threshold"])
 
     def batch_of(b):
         P = max(p.shape[1] for p in prompts[:b])
@@ -217,12 +221,21 @@ def _with_fast_linears(target, fn):
         return fn()
 
 
+def _draft_length_words(report: dict) -> str:
+    """The header's draft length: what a round of several rows drafts, and the drafter's own L where it differs."""
+    L, stop = report["draft_length"], report.get("confidence_threshold", 0.0)
+    batched = report.get("batched_draft_length", L)
+    if batched == L:
+        return f"L={L}" + (f" (confidence stop {stop:g})" if stop else "")
+    return f"L={batched} at batch > 1 (the drafter's L={L} with its confidence stop {stop:g}, capped)"
+
+
 def format_batch_report(report: dict) -> str:
     m = report["machine"]
     lines = [f"Machine: {m['cpu']}, {m['cpu_count']} cores, {m['torch_threads']} torch threads, torch {m['torch']}, "
              f"transformers {m['transformers']}, {m['date']}. Target {report['config']['target']} fp32, drafter "
              f"{report['config']['drafter_dtype']} trimmed to k={report['kept_vocab']:,} of {report['full_vocab']:,}, "
-             f"L={report['draft_length']}, greedy, {report['config']['max_new_tokens']} new tokens, "
+             f"{_draft_length_words(report)}, greedy, {report['config']['max_new_tokens']} new tokens, "
              f"{report['config']['repeats']} repeats (median, range).", "",
              "| batch | target-only tok/s | trimmed spec tok/s | spec vs target-only | spec vs target-only with fast "
              "linears | HF batch-1 loop tok/s | spec vs HF loop | tau | realign share | decision | peak extra MB "
