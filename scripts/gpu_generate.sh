@@ -19,16 +19,16 @@
 # left-padded rows) and (3) the generate contract's greedy-identity cases on CUDA with the time left.
 source "$(dirname "$0")/_gpu_common.sh"
 start=$(date +%s)
-timeout 360 python3 scripts/bench_gpu_generate.py --configs .gpu/configs --out "$OUT" --budget "${BUDGET:-330}" \
-  --profile --assisted-caches dynamic \
+timeout 460 python3 scripts/bench_gpu_generate.py --configs .gpu/configs --out "$OUT" --budget "${BUDGET:-430}" \
+  --profile --assisted-caches dynamic --no-drafter-shape \
   --plan ${PLAN:-pair-q:eager:1 pair-q:assisted:1 pair-q:compiled:1 pair-q:compiled:16 7b:compiled:1} \
   2>&1 | grep -v "^\[transformers\]\|^Loading\|warn(" | tee "$OUT/bench.log" | grep -v "^\s*$" | grep "^|\|^Machine\|^Total\|Error\|error"
 echo "compiled path on CUDA at $(( $(date +%s) - start )) s"
 # (on CUDA a static cache compiles: each case compiles its tiny models, 20-40 s; the most telling first)
 C=tests/test_contract.py
-HF_VOCABSPEC_TEST_DEVICE=cuda timeout 120 python3 -m pytest -v -p no:cacheprovider \
-  $C::test_static_cache_with_compile_runs_compiled_steps "$C::test_static_cache_identical_to_target_only[llama-3-greedy]" \
-  $C::test_power_compiled_drafter_misaligned_drafts_differently "$C::test_static_cache_identical_to_target_only[llama4-3-greedy]" \
+# (the batch-3 identity and the power test passed on an H200, 2026-11-28: the counting test, fixed after, first)
+HF_VOCABSPEC_TEST_DEVICE=cuda timeout 80 python3 -m pytest -v -p no:cacheprovider \
+  $C::test_static_cache_with_compile_runs_compiled_steps "$C::test_static_cache_identical_to_target_only[llama4-3-greedy]" \
   2>&1 | grep "PASS\|FAIL\|ERROR\|passed\|failed" | tee "$OUT/compiled_cuda.txt"  # names: which one is slow
 left=$(( 560 - ($(date +%s) - start) ))
 echo "contract on CUDA with ${left} s left"
