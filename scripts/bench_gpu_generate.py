@@ -190,9 +190,9 @@ def main() -> None:
             times.append(time.perf_counter() - t)
         return statistics.median(times), out
 
-    def count_syncs(fn, label: str | None = None) -> int | None:
-        """Synchronizing CUDA calls of one call of ``fn``; with ``label`` each one's Python call site (the innermost
-        frames of the library code) is tallied into sync_sites.txt beside the table."""
+    def count_syncs(fn, label: str) -> int | None:
+        """Synchronizing CUDA calls of one call of ``fn``; with --profile each one's Python call site (the innermost
+        frames of the library code) is tallied under ``label`` into sync_sites.txt beside the table."""
         if not cuda:
             return None
         torch.cuda.set_sync_debug_mode("warn")
@@ -200,7 +200,7 @@ def main() -> None:
             n, sites = collect_syncs(fn)
         finally:
             torch.cuda.set_sync_debug_mode(0)
-        if label:
+        if args.profile:
             with open(os.path.join(args.out, "sync_sites.txt"), "a") as f:
                 f.write(f"=== {label}: {n} synchronizing calls\n")
                 f.writelines(f"{k:5d}  {site}\n" for site, k in sites.most_common(25))
@@ -290,7 +290,8 @@ def main() -> None:
             return target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, **kw)
 
         s, ref = timed(target_only, args.repeats)
-        eager[shape, b] = record(shape, b, "target-only eager", s, b * n, syncs=count_syncs(target_only))
+        eager[shape, b] = record(shape, b, "target-only eager", s, b * n,
+                                 syncs=count_syncs(target_only, f"{shape} {b} target-only eager"))
         rows[-1]["vs_eager"] = 1.0
         for label, drafter, new in (("ours eager, all accepted", m["accept_all"], n),
                                     ("ours eager, none accepted", m["reject_all"], args.none_new_tokens)):
@@ -301,7 +302,7 @@ def main() -> None:
             if new == n and not torch.equal(out, ref):
                 emit(f"| {shape} | {b} | {label}: OUTPUT DIFFERS from target-only | | | | | | | |")
             record(shape, b, label, s, b * new, base=eager[shape, b], rounds=st.rounds, tau=st.mean_accepted_length,
-                   syncs=count_syncs(ours, f"{shape} {b} {label}" if args.profile else None))
+                   syncs=count_syncs(ours, f"{shape} {b} {label}"))
             if b == 1 and new == n:
                 profile(f"{shape} {b} {label}", ours)
             if drafter is m["accept_all"] and b == 1 and left() > 60:  # the static target cache (eager), batch 1
@@ -336,7 +337,7 @@ def main() -> None:
                 s, _ = timed(hf, args.repeats)
                 record(shape, 1, f"{label} (warm-up {time.perf_counter() - t - s * args.repeats:.0f} s)",
                        s, args.new_tokens, base=eager.get((shape, 1)),
-                       syncs=count_syncs(hf, f"{shape} 1 {label}" if args.profile else None))
+                       syncs=count_syncs(hf, f"{shape} 1 {label}"))
                 if not kw:
                     profile(f"{shape} 1 {label}", hf)
             except Exception as e:  # noqa: BLE001 - a method that fails is a row, not the end of the run
@@ -356,7 +357,7 @@ def main() -> None:
         warm = time.perf_counter() - t - s * args.repeats
         compiled[shape, b] = record(shape, b, f"target-only static cache + compile (warm-up {warm:.0f} s, "
                                     f"{graphs() - g} graphs)", s, b * args.new_tokens, base=eager.get((shape, b)),
-                                    syncs=count_syncs(comp))
+                                    syncs=count_syncs(comp, f"{shape} {b} target-only compiled"))
         rows[-1]["vs_compiled"] = 1.0
         from hf_vocabspec.generation.draft_step import DraftStep
         # our engine on the same static cache: the target's verify and the drafter's steps compiled; then the
@@ -386,7 +387,7 @@ def main() -> None:
                 record(shape, b, f"ours static cache, {how}, {accepted} (warm-up {warm:.0f} s, {graphs() - g} graphs)",
                        s_ours, b * new, base=eager.get((shape, b)), compiled_base=compiled[shape, b],
                        rounds=st.rounds, tau=st.mean_accepted_length,
-                       syncs=count_syncs(ours, f"{shape} {b} ours compiled {variant}" if args.profile else None))
+                       syncs=count_syncs(ours, f"{shape} {b} ours compiled {variant}"))
                 if b == 1 and not variant and drafter is m["accept_all"]:
                     profile(f"{shape} {b} ours static cache, {how}", ours)
             except Exception as e:  # noqa: BLE001 - a variant that fails is a row
