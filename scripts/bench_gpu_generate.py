@@ -21,6 +21,9 @@ launch-bound: the verify of L+1 positions costs about one decode step on a GPU),
 static cache, compiled verify + draft steps" (not measured on a GPU yet).
 
 Host syncs: torch.cuda.set_sync_debug_mode("warn") counts every synchronizing CUDA call of one generate call.
+Rows "stop read per draft" (batch 1): the confidence stop on at a threshold no draft falls below, so the rounds are
+the same and the difference is the stop's one read per drafted token, the price on a GPU of the default policy's
+stop (L=12, stop below 0.4).
 
 Writes a markdown table (and JSON) as it goes; sections are skipped, with a line saying so, once --budget seconds
 are spent. On a CPU (no CUDA) it runs the same code for a smoke test (tiny --scale, no compile, no sync count):
@@ -32,6 +35,7 @@ are spent. On a CPU (no CUDA) it runs the same code for a smoke test (tiny --sca
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -45,6 +49,7 @@ T0 = time.perf_counter()
 PAIR_Q_KEPT = 15_519  # trim_drafter's default kept size for pair Q (95% ShareGPT coverage)
 QWEN_7B = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                num_key_value_heads=4)
+STOP_READ_THRESHOLD = 1e-9  # a confidence stop no draft falls below: the stop's reads without its stops
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
 
 
@@ -73,6 +78,19 @@ def collect_syncs(fn):
         warnings.showwarning = show
         fn()
     return count, sites
+
+
+@contextlib.contextmanager
+def stop_reads(drafter, on: bool):
+    """``on``: the drafter's confidence stop at STOP_READ_THRESHOLD for the call (restored after)."""
+    gc = drafter.generation_config
+    threshold = gc.assistant_confidence_threshold
+    if on:
+        gc.assistant_confidence_threshold = STOP_READ_THRESHOLD
+    try:
+        yield
+    finally:
+        gc.assistant_confidence_threshold = threshold
 
 
 def main() -> None:
@@ -226,10 +244,12 @@ def main() -> None:
             f.write(averages.table(sort_by="self_cpu_time_total", row_limit=30) + "\n")
 
     def record(shape, b, method, seconds, tokens, base=None, compiled_base=None, rounds=None, tau=None, syncs=None,
-               projected=False):
+               projected=False, stats=None):
         tps = tokens / seconds
         row = dict(shape=shape, batch=b, method=method, tokens_per_s=tps, ms_per_token=1000 * seconds / tokens * b,
                    rounds=rounds, tau=tau, syncs=syncs, projected=projected)
+        if stats is not None:  # the engine's own count of its reads (SpeculationStats.host_syncs), on any device
+            row["engine_reads_per_round"] = stats.host_syncs / max(stats.rounds, 1)
         row["vs_eager"] = tps / base if base else None
         row["vs_compiled"] = tps / compiled_base if compiled_base else None
         rows.append(row)
@@ -294,15 +314,20 @@ def main() -> None:
                                  syncs=count_syncs(target_only, f"{shape} {b} target-only eager"))
         rows[-1]["vs_eager"] = 1.0
         for label, drafter, new in (("ours eager, all accepted", m["accept_all"], n),
+                                    *((("ours eager, all accepted, stop read per draft", m["accept_all"], n),)
+                                      if b == 1 else ()),
                                     ("ours eager, none accepted", m["reject_all"], args.none_new_tokens)):
-            def ours(d=drafter, new=new):
-                return target_only(new, assistant_model=d)
+            def ours(d=drafter, new=new, watch=label.endswith("stop read per draft")):
+                with stop_reads(d, watch):
+                    return target_only(new, assistant_model=d)
             s, out = timed(ours, args.repeats if new == n else 1)
             st = drafter.last_speculation_stats
             if new == n and not torch.equal(out, ref):
                 emit(f"| {shape} | {b} | {label}: OUTPUT DIFFERS from target-only | | | | | | | |")
             record(shape, b, label, s, b * new, base=eager[shape, b], rounds=st.rounds, tau=st.mean_accepted_length,
-                   syncs=count_syncs(ours, f"{shape} {b} {label}"))
+                   syncs=count_syncs(ours, f"{shape} {b} {label}"), stats=st)
+            if "stop read" in label:
+                continue
             if b == 1 and new == n:
                 profile(f"{shape} {b} {label}", ours)
             if drafter is m["accept_all"] and b == 1 and left() > 60:  # the static target cache (eager), batch 1
@@ -362,18 +387,23 @@ def main() -> None:
         from hf_vocabspec.generation.draft_step import DraftStep
         # our engine on the same static cache: the target's verify and the drafter's steps compiled; then the
         # verify alone compiled (the drafter eager, as transformers' own assisted loop keeps it)
+        # "stop read": the confidence stop on at a threshold no draft falls below (1e-9; zero logits give 1/k), so
+        # the rounds and drafts are the same as the first row's and the difference is the one read per drafted token
+        # the stop makes (the default policy, L=12 stop 0.4, reads so on every draft)
         for variant, drafter, new in (("", m["accept_all"], args.new_tokens),
+                                      *((("stop read per draft", m["accept_all"], args.new_tokens),) if b == 1 else ()),
                                       ("eager drafter", m["accept_all"], args.new_tokens),
                                       ("", m["reject_all"], args.none_new_tokens)):
             if left() < (80 if drafter is m["accept_all"] else 150):  # none accepted: its drafter compiles anew
                 skip(f"{shape} batch {b} ours static cache {variant}")
                 continue
             compile_step = DraftStep.compile
-            if variant:
+            if variant == "eager drafter":
                 DraftStep.compile = lambda self, options, static_length: None
             try:
-                def ours(d=drafter, new=new):
-                    return comp(new=new, assistant_model=d)
+                def ours(d=drafter, new=new, watch=variant.startswith("stop read")):
+                    with stop_reads(d, watch):
+                        return comp(new=new, assistant_model=d)
                 t, g = time.perf_counter(), graphs()
                 s_ours, out = timed(ours, args.repeats)
                 warm = time.perf_counter() - t - s_ours * args.repeats
@@ -387,7 +417,7 @@ def main() -> None:
                 record(shape, b, f"ours static cache, {how}, {accepted} (warm-up {warm:.0f} s, {graphs() - g} graphs)",
                        s_ours, b * new, base=eager.get((shape, b)), compiled_base=compiled[shape, b],
                        rounds=st.rounds, tau=st.mean_accepted_length,
-                       syncs=count_syncs(ours, f"{shape} {b} ours compiled {variant}"))
+                       syncs=count_syncs(ours, f"{shape} {b} ours compiled {variant}"), stats=st)
                 if b == 1 and not variant and drafter is m["accept_all"]:
                     profile(f"{shape} {b} ours static cache, {how}", ours)
             except Exception as e:  # noqa: BLE001 - a variant that fails is a row

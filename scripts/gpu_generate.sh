@@ -10,7 +10,9 @@
 # Measured so far (docs/results/gpu-generate-h200-2026-11-28.md): pair Q's shapes at batch 1, eager, compiled and
 # transformers' assisted loop. Open, so first now: why our eager round is slower than transformers' (--profile:
 # profile.txt) and where the compiled path's 8 host syncs per round come from (sync_sites.txt); then batch 16 and
-# the 7B-class shape compiled, which the budget skipped.
+# the 7B-class shape compiled, which the budget skipped. Also: what the confidence stop's one read per drafted token
+# costs on a GPU (rows "stop read per draft": the same rounds with the stop on at a threshold no draft falls below),
+# which decides whether a GPU needs a stop read without waiting (the default policy, L=12 stop 0.4, reads so).
 # It writes (1) scripts/bench_gpu_generate.py's table into $OUT/gpu_generate.md/.json (target-only eager and
 # static cache + compile; our engine eager and on the static cache with its verify and draft steps compiled, the
 # verify alone compiled, every draft accepted / none; pair-Q and 7B-class shapes from the real configs, random

@@ -49,3 +49,11 @@ def test_bench_gpu_generate_smoke_on_cpu(tmp_path):
     by = {(r["shape"], r["batch"], r["method"]): r for r in rows}
     assert by["pair-q", 1, "ours eager, all accepted"]["tau"] > 3.0
     assert by["pair-q", 2, "ours eager, none accepted"]["tau"] == 1.0
+    # the stop-read rows: the same rounds, plus the confidence stop's one read per drafted token (never stopping)
+    for plain, watched in (("ours eager, all accepted", "ours eager, all accepted, stop read per draft"),
+                           ("ours static cache, eager verify, all accepted",
+                            "ours static cache, eager verify, stop read per draft, all accepted")):
+        plain, watched = (next(r for r in rows if r["batch"] == 1 and r["method"].split(" (")[0] == m)
+                          for m in (plain, watched))
+        assert watched["rounds"] == plain["rounds"] and watched["tau"] == plain["tau"], (plain, watched)
+        assert watched["engine_reads_per_round"] >= plain["engine_reads_per_round"] + 3, (plain, watched)
