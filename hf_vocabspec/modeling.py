@@ -210,9 +210,11 @@ def _quantized_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if x.device.type != "cpu" or self.weight.device.type != "cpu":
         raise RuntimeError(f"weight_quantization={q.scheme!r} runs on CPU only: call drafter.quantize_weights(None) "
                            f"before running the drafter on {x.device.type}.")
-    if q.stamp != _stamp(self.weight):  # weights changed (loaded, converted, trained): their int copy is re-derived
-        q = quantize_weight(self.weight, q.scheme)[0]
-        self.__dict__["_vocabspec_quantized"] = q
+    # weights changed (loaded, converted, trained): their int copy is re-derived. Not while torch.compile traces
+    # (``data_ptr`` would break the graph at every layer): a compiled caller runs ``refresh_weight_quantization``
+    # before its calls instead.
+    if not torch.compiler.is_compiling() and q.stamp != _stamp(self.weight):
+        q = _refresh(self, q)
     flat = x.reshape(rows, x.shape[-1]).contiguous()
     if flat.dtype != q.scales.dtype:
         flat = flat.to(q.scales.dtype)
@@ -224,6 +226,21 @@ def _quantized_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
             y = y[:, : self.out_features]
     y = y.reshape(*x.shape[:-1], y.shape[-1]).to(x.dtype)
     return y if self.bias is None else y + self.bias
+
+
+def _refresh(module: nn.Linear, q: _QuantizedWeight) -> _QuantizedWeight:
+    q = quantize_weight(module.weight, q.scheme)[0]
+    module.__dict__["_vocabspec_quantized"] = q
+    return q
+
+
+def refresh_weight_quantization(module: nn.Module) -> None:
+    """Re-derive the int copies of ``module``'s quantized layers whose weights changed since they were made (what
+    every eager call of such a layer checks): for a compiled forward, whose traced layers do not check."""
+    for layer in module.modules():
+        q = layer.__dict__.get("_vocabspec_quantized")
+        if q is not None and q.stamp != _stamp(layer.weight):
+            _refresh(layer, q)
 
 
 def apply_weight_quantization(modules: Iterable[nn.Module], scheme: str | None, *, write_values: bool = True) -> int:

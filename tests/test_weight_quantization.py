@@ -185,3 +185,43 @@ def test_a_law_other_than_the_drawn_one_is_detected(lossless_pair, monkeypatch):
             check_lossless(target, drafter, {"temperature": 0.9}, pruned_probe=probe)
     finally:
         drafter.quantize_weights(None)
+
+
+@pytest.mark.parametrize("scheme", WEIGHT_QUANTIZATIONS)
+def test_compiled_draft_steps_trace_the_int_kernels_without_breaks(scheme):
+    """``compile_draft_step`` on a quantized drafter (a real Inductor compile): the int kernels are traced into the
+    drafter's one graph (no graph break: a per-layer weight check there broke it 2 x layers times and ran slower than
+    eager), the output is target-only's, the compiled steps draft what the eager quantized steps draft, and after
+    the drafter's weights change between calls the compiled steps use int copies of the new weights
+    (``refresh_weight_quantization`` at the call's start: the traced layers do not check)."""
+    from torch._dynamo.utils import counters
+
+    target, base = make_pair("llama", seed=3, head_scale=8.0)
+    drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)) + [3, 5]).quantize_weights(scheme)
+    ids = torch.randint(3, VOCAB, (1, 9), generator=torch.Generator().manual_seed(1))
+    kw = dict(do_sample=False, max_new_tokens=20, assistant_model=drafter)
+    ref = target.generate(ids, do_sample=False, max_new_tokens=20)
+
+    def run(compiled: bool):
+        drafter.compile_draft_step = compiled
+        breaks = sum(counters["graph_break"].values())
+        out = target.generate(ids, **kw)
+        stats = drafter.last_speculation_stats
+        assert torch.equal(out, ref), (ref.tolist(), out.tolist())
+        assert stats.compiled_draft is compiled
+        return stats.per_round_accepted, sum(counters["graph_break"].values()) - breaks
+
+    try:
+        eager, _ = run(False)
+        compiled, breaks = run(True)
+        assert breaks == 0 and compiled == eager, (breaks, compiled, eager)
+        with torch.no_grad():  # new weights: every layer's output projections zeroed
+            for layer in drafter.model.layers:
+                layer.self_attn.o_proj.weight.zero_()
+                layer.mlp.down_proj.weight.mul_(-3.0)
+        compiled_after = run(True)[0]  # first: an eager call would re-derive the copies itself
+        changed, _ = run(False)
+        assert changed != eager  # the change moves the drafts (else the check could not fail)
+        assert compiled_after == changed, (compiled_after, changed)
+    finally:
+        drafter.compile_draft_step = False

@@ -29,7 +29,7 @@ from transformers.generation.logits_process import (
     RepetitionPenaltyLogitsProcessor,
 )
 
-from ..modeling import TrimmedDrafter, cache_kwarg
+from ..modeling import TrimmedDrafter, cache_kwarg, refresh_weight_quantization
 from ..rdk import drafter_kernel
 from .host import read
 from .stats import SpeculationStats
@@ -225,7 +225,9 @@ class DraftStep:
         # bucketed (powers of two from 256): calls of other lengths reuse the compiled step instead of recompiling
         # for every cache width (the masked columns cost a small model's attention little)
         self.static_length = max(256, 1 << (int(static_length) - 1).bit_length())
-        self._compiled = graph_call(compiled_call(self.body if self.trimmed else self.model, options))
+        body = self.body if self.trimmed else self.model
+        refresh_weight_quantization(body)  # its traced int8/int4 layers do not check their weights themselves
+        self._compiled = graph_call(compiled_call(body, options))
 
     @property
     def compiled(self) -> bool:
