@@ -512,6 +512,32 @@ def test_bench_compile_draft_step_reaches_both_benches(capsys, monkeypatch, tmp_
     assert not benchmark.BenchConfig().compile_draft_step and not batch_bench.BatchBenchConfig().compile_draft_step
 
 
+def test_bench_weight_quantization_reaches_both_benches(capsys, monkeypatch, tmp_path):
+    """--weight-quantization int8 reaches the plain bench and the batched one ('none', the default: None)."""
+    from hf_vocabspec.evaluation import batch_bench, benchmark
+
+    seen, report_of = {}, batch_bench.format_batch_report
+    monkeypatch.setattr(benchmark, "run_benchmark", lambda cfg, out, progress=None: seen.setdefault("plain", cfg) and {})
+    monkeypatch.setattr(benchmark, "format_report", lambda report: "")
+    monkeypatch.setattr(batch_bench, "run_batch_bench", lambda cfg, out, progress=None: seen.setdefault("batch", cfg))
+    monkeypatch.setattr(batch_bench, "format_batch_report", lambda report: "")
+    rc, err = run_cli(capsys, "bench", "--target", SMOL, "--weight-quantization", "int8", "--output", str(tmp_path / "a"))
+    assert rc == 0, err
+    rc, err = run_cli(capsys, "bench", "--target", SMOL, "--weight-quantization", "int4", "--batch-sizes", "2",
+                      "--coverages", "0.95", "--output", str(tmp_path / "b"))
+    assert rc == 0, err
+    assert seen["plain"].weight_quantization == "int8" and seen["batch"].weight_quantization == "int4"
+    seen.clear()
+    rc, err = run_cli(capsys, "bench", "--target", SMOL, "--output", str(tmp_path / "c"))
+    assert rc == 0 and seen["plain"].weight_quantization is None, err
+    assert batch_bench.BatchBenchConfig().weight_quantization is None
+    header = report_of({
+        "machine": {"cpu": "x", "cpu_count": 2, "torch_threads": 2, "torch": "t", "transformers": "v", "date": "d"},
+        "config": {**vars(batch_bench.BatchBenchConfig(target="T", weight_quantization="int8", compile_draft_step=True))},
+        "kept_vocab": 10, "full_vocab": 20, "draft_length": 5, "runs": []}).splitlines()[0]
+    assert "bfloat16 (int8 weights, steps compiled) trimmed to k=10" in header, header
+
+
 def test_select_refuses_counts_of_special_tokens_only(capsys, no_loading, tmp_path, tok):
     special = torch.tensor(sorted(set(tok.all_special_ids)))
     counts = torch.zeros(len(tok), dtype=torch.int64)

@@ -232,7 +232,7 @@ def cmd_bench(args) -> int:
         num_draft_tokens=draft_length, confidence_threshold=stop,
         context_tokens=args.context_tokens,
         kernel_levers=args.kernel_levers, ssd=args.ssd, ssd_mode=args.ssd_mode,
-        compile_draft_step=args.compile_draft_step,
+        compile_draft_step=args.compile_draft_step, weight_quantization=_scheme(args.weight_quantization),
     )
     with output_folder(out):
         report = run_benchmark(cfg, out, progress=lambda s: tqdm(s, desc="generate"))
@@ -241,6 +241,10 @@ def cmd_bench(args) -> int:
     print(format_report(report))
     log(f"results: {args.output}/results.json, results.md, throughput_vs_vocab.png, draft_latency_vs_vocab.png")
     return 0
+
+
+def _scheme(value: str) -> str | None:
+    return None if value == "none" else value
 
 
 def _cmd_batch_bench(args, out) -> int:
@@ -257,6 +261,7 @@ def _cmd_batch_bench(args, out) -> int:
         batch_sizes=tuple(args.batch_sizes), max_new_tokens=args.max_new_tokens, repeats=args.repeats,
         num_draft_tokens=draft_length, confidence_threshold=stop,
         batched_speculation=args.batched_speculation, compile_draft_step=args.compile_draft_step,
+        weight_quantization=_scheme(args.weight_quantization),
     )
     with output_folder(out):
         report = run_batch_bench(cfg, out, progress=lambda s: tqdm.write(s))
@@ -395,6 +400,10 @@ def register(sub) -> None:
                    help="also run every trimmed k with its draft steps compiled (drafter.compile_draft_step; method "
                         "'... compiled steps', the warm-up call pays the compiles); with --batch-sizes the trimmed "
                         "speculative rows run compiled")
+    b.add_argument("--weight-quantization", choices=["none", "int8", "int4"], default="none",
+                   help="the trimmed drafters' linear layers as weight-only int8 / int4 (drafter.quantize_weights, "
+                        "CPU; method names end with the scheme), as `hf-vocabspec trim --weight-quantization` saves "
+                        "them")
     b.add_argument("--ssd", action="store_true",
                    help="also run SSD (speculative speculative decoding) per trimmed k, next to ordinary drafting at 1 thread")
     b.add_argument("--ssd-mode", choices=["worker", "sync"], default="worker",

@@ -41,6 +41,7 @@ class BatchBenchConfig:
     confidence_threshold: float = 0.0  # with num_draft_tokens: its confidence stop (0: none)
     batched_speculation: str = "auto"
     compile_draft_step: bool = False  # the trimmed drafter's steps compiled (drafter.compile_draft_step)
+    weight_quantization: str | None = None  # the trimmed drafter's weights int8 / int4 (drafter.quantize_weights)
     hf_loop: bool = True  # also time the batch-1 HF assisted loop (untrimmed drafter)
 
 
@@ -129,6 +130,8 @@ def run_batch_bench(cfg: BatchBenchConfig, out_dir, progress=None) -> dict:
         set_draft_length(trimmed.generation_config, cfg.num_draft_tokens, cfg.confidence_threshold)
     trimmed.generation_config.batched_speculation = cfg.batched_speculation
     trimmed.compile_draft_step = cfg.compile_draft_step  # (compiled in the warm-up repeat, which is dropped)
+    if cfg.weight_quantization:
+        trimmed.quantize_weights(cfg.weight_quantization)
     full = None
     if cfg.hf_loop:
         full = load_model(drafter_name, dtype=dtype).eval()
@@ -230,11 +233,19 @@ def _draft_length_words(report: dict) -> str:
     return f"L={batched} at batch > 1 (the drafter's L={L} with its confidence stop {stop:g}, capped)"
 
 
+def _weights_words(report: dict) -> str:
+    cfg = report["config"]
+    words = [f"{cfg['weight_quantization']} weights"] if cfg.get("weight_quantization") else []
+    words += ["steps compiled"] if cfg.get("compile_draft_step") else []
+    return f" ({', '.join(words)})" if words else ""
+
+
 def format_batch_report(report: dict) -> str:
     m = report["machine"]
     lines = [f"Machine: {m['cpu']}, {m['cpu_count']} cores, {m['torch_threads']} torch threads, torch {m['torch']}, "
              f"transformers {m['transformers']}, {m['date']}. Target {report['config']['target']} fp32, drafter "
-             f"{report['config']['drafter_dtype']} trimmed to k={report['kept_vocab']:,} of {report['full_vocab']:,}, "
+             f"{report['config']['drafter_dtype']}{_weights_words(report)} trimmed to k={report['kept_vocab']:,} of "
+             f"{report['full_vocab']:,}, "
              f"{_draft_length_words(report)}, greedy, {report['config']['max_new_tokens']} new tokens, "
              f"{report['config']['repeats']} repeats (median, range).", "",
              "| batch | target-only tok/s | trimmed spec tok/s | spec vs target-only | spec vs target-only with fast "

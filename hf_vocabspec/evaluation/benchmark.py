@@ -531,6 +531,8 @@ class BenchConfig:
     # per trimmed k, a row with the drafter's steps compiled (drafter.compile_draft_step; context tokens as
     # ``context_tokens`` says)
     compile_draft_step: bool = False
+    # every trimmed drafter's weights int8 / int4 (drafter.quantize_weights; its method names end with the scheme)
+    weight_quantization: str | None = None
 
 
 _MODES = {"greedy": {"do_sample": False}, "t0.7": {"do_sample": True, "temperature": 0.7, "top_k": 0},
@@ -564,6 +566,9 @@ def run_benchmark(cfg: BenchConfig, out_dir, progress: Callable | None = None) -
         d = trim_drafter(load_model(drafter_name, dtype=dtype), counts.top_k(k), tokenizer=tokenizer)
         set_draft_length(d.generation_config, cfg.num_draft_tokens, cfg.confidence_threshold)
         name = f"trimmed k={d.config.draft_vocab_size}"
+        if cfg.weight_quantization:
+            d.quantize_weights(cfg.weight_quantization)
+            name += f" {cfg.weight_quantization}"
         trimmed.append(d)
         methods.append(Method(name, d, attrs={"use_context_tokens": False}))
         if cfg.context_tokens:  # same drafter object, switch flipped per generate call
