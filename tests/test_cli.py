@@ -531,6 +531,9 @@ def test_bench_weight_quantization_reaches_both_benches(capsys, monkeypatch, tmp
     rc, err = run_cli(capsys, "bench", "--target", SMOL, "--output", str(tmp_path / "c"))
     assert rc == 0 and seen["plain"].weight_quantization is None, err
     assert batch_bench.BatchBenchConfig().weight_quantization is None
+    from hf_vocabspec.cli._common import WEIGHT_QUANTIZATION_CHOICES
+    from hf_vocabspec.configuration import WEIGHT_QUANTIZATIONS
+    assert WEIGHT_QUANTIZATION_CHOICES == ("none", *WEIGHT_QUANTIZATIONS)  # the parser's literal copy of the fact
     header = report_of({
         "machine": {"cpu": "x", "cpu_count": 2, "torch_threads": 2, "torch": "t", "transformers": "v", "date": "d"},
         "config": {**vars(batch_bench.BatchBenchConfig(target="T", weight_quantization="int8", compile_draft_step=True))},

@@ -19,7 +19,7 @@ from ..evaluation.usage import UsageError, check_dataset_name, check_model_name 
 
 class _Dtypes(Mapping):
     """dtype name -> torch dtype, torch imported on first lookup: building the parser (``--help``, a bad command
-    line) imports neither torch nor transformers (tests/test_cli_startup.py)."""
+    line) imports neither torch nor transformers (tests/test_cli.py checks it)."""
 
     _NAMES = ("float32", "bfloat16", "float16")
 
@@ -38,6 +38,16 @@ class _Dtypes(Mapping):
 
 
 DTYPES = _Dtypes()
+
+
+# --weight-quantization's choices: configuration.WEIGHT_QUANTIZATIONS and "none" (full precision), written out here
+# because building the parser imports no transformers (tests/test_cli.py checks it)
+WEIGHT_QUANTIZATION_CHOICES = ("none", "int8", "int4")
+
+
+def weight_scheme(choice: str) -> str | None:
+    """A ``--weight-quantization`` choice as ``drafter.quantize_weights`` takes it ("none": None)."""
+    return None if choice == "none" else choice
 
 
 def log(msg: str) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ._common import (
     DTYPES,
+    WEIGHT_QUANTIZATION_CHOICES,
     UsageError,
     check_dataset_name,
     check_model_name,
@@ -25,6 +26,7 @@ from ._common import (
     positive_int,
     prepare_output,
     pruned_share,
+    weight_scheme,
 )
 
 
@@ -232,7 +234,7 @@ def cmd_bench(args) -> int:
         num_draft_tokens=draft_length, confidence_threshold=stop,
         context_tokens=args.context_tokens,
         kernel_levers=args.kernel_levers, ssd=args.ssd, ssd_mode=args.ssd_mode,
-        compile_draft_step=args.compile_draft_step, weight_quantization=_scheme(args.weight_quantization),
+        compile_draft_step=args.compile_draft_step, weight_quantization=weight_scheme(args.weight_quantization),
     )
     with output_folder(out):
         report = run_benchmark(cfg, out, progress=lambda s: tqdm(s, desc="generate"))
@@ -241,10 +243,6 @@ def cmd_bench(args) -> int:
     print(format_report(report))
     log(f"results: {args.output}/results.json, results.md, throughput_vs_vocab.png, draft_latency_vs_vocab.png")
     return 0
-
-
-def _scheme(value: str) -> str | None:
-    return None if value == "none" else value
 
 
 def _cmd_batch_bench(args, out) -> int:
@@ -261,7 +259,7 @@ def _cmd_batch_bench(args, out) -> int:
         batch_sizes=tuple(args.batch_sizes), max_new_tokens=args.max_new_tokens, repeats=args.repeats,
         num_draft_tokens=draft_length, confidence_threshold=stop,
         batched_speculation=args.batched_speculation, compile_draft_step=args.compile_draft_step,
-        weight_quantization=_scheme(args.weight_quantization),
+        weight_quantization=weight_scheme(args.weight_quantization),
     )
     with output_folder(out):
         report = run_batch_bench(cfg, out, progress=lambda s: tqdm.write(s))
@@ -400,7 +398,7 @@ def register(sub) -> None:
                    help="also run every trimmed k with its draft steps compiled (drafter.compile_draft_step; method "
                         "'... compiled steps', the warm-up call pays the compiles); with --batch-sizes the trimmed "
                         "speculative rows run compiled")
-    b.add_argument("--weight-quantization", choices=["none", "int8", "int4"], default="none",
+    b.add_argument("--weight-quantization", choices=WEIGHT_QUANTIZATION_CHOICES, default="none",
                    help="the trimmed drafters' linear layers as weight-only int8 / int4 (drafter.quantize_weights, "
                         "CPU; method names end with the scheme), as `hf-vocabspec trim --weight-quantization` saves "
                         "them")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ._common import (
     DTYPES,
+    WEIGHT_QUANTIZATION_CHOICES,
     UsageError,
     check_bench_results,
     check_dataset_name,
@@ -16,6 +17,7 @@ from ._common import (
     is_main_process,
     log,
     given,
+    weight_scheme,
     non_negative_int,
     overwrite_arg,
     positive_float,
@@ -232,8 +234,9 @@ def cmd_trim(args) -> int:
         if held_counts is not None:
             selection["held_out_coverage"] = held_counts.coverage_of(keep)
         drafter = trim_drafter(model, keep, tokenizer=tokenizer, target_model=args.target, selection=selection)
-        if args.weight_quantization != "none":
-            drafter.quantize_weights(args.weight_quantization)
+        scheme = weight_scheme(args.weight_quantization)
+        if scheme:
+            drafter.quantize_weights(scheme)
         drafter.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         if not args.no_custom_generate:  # target.generate(custom_generate=<out>, trust_remote_code=True)
@@ -390,7 +393,7 @@ def register(sub) -> None:
     selection_args(t)
     t.add_argument("--k", type=positive_int, default=None, help="keep exactly the top-k tokens (skips the search)")
     t.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="drafter weights dtype")
-    t.add_argument("--weight-quantization", choices=["none", "int8", "int4"], default="none",
+    t.add_argument("--weight-quantization", choices=WEIGHT_QUANTIZATION_CHOICES, default="none",
                    help="weight-only quantized drafter (CPU int kernels; changes acceptance, never the output; "
                         "`hf-vocabspec tune --weight-quantizations none int8 int4` measures which pays)")
     t.add_argument("--push-to-hub", default=None, metavar="REPO_ID",

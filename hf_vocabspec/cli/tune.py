@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ._common import (
     DTYPES,
+    WEIGHT_QUANTIZATION_CHOICES,
     UsageError,
     check_dataset_name,
     check_storage,
@@ -11,6 +12,7 @@ from ._common import (
     confidence_threshold,
     coverage_fraction,
     given,
+    weight_scheme,
     log,
     non_negative_int,
     output_folder,
@@ -72,7 +74,7 @@ def _run(args, out, tqdm) -> dict:
         validate_on=args.validate_on,
         max_new_tokens=args.max_new_tokens, acceptance=args.acceptance,
         confidence_thresholds=args.confidence_thresholds,
-        weight_quantizations=[None if w == "none" else w for w in args.weight_quantizations],
+        weight_quantizations=[weight_scheme(w) for w in args.weight_quantizations],
         progress=lambda xs: tqdm(xs, leave=False),
     )
 
@@ -92,7 +94,7 @@ def register(sub) -> None:
     t.add_argument("--confidence-thresholds", type=confidence_threshold, nargs="+", default=[0.0, 0.2, 0.3, 0.4, 0.5, 0.6],
                    help="stop a round's drafting after a draft the drafter gives less probability than this "
                         "(0 = never); searched with k and L (with --mode greedy and --acceptance drafter only)")
-    t.add_argument("--weight-quantizations", nargs="+", choices=["none", "int8", "int4"], default=["none"],
+    t.add_argument("--weight-quantizations", nargs="+", choices=WEIGHT_QUANTIZATION_CHOICES, default=["none"],
                    help="drafter weights searched with k and L: none (as loaded), int8 / int4 weight-only (CPU; each "
                         "measured on its own: acceptance and draft latency; the tuned drafter is saved with it)")
     t.add_argument("--mode", type=sampling_mode, default="greedy", help="'greedy' or 't<temperature>' (e.g. t1, t0.7)")
