@@ -378,7 +378,8 @@ class LatencyCurve:
 
 @torch.no_grad()
 def measure_draft_latency(
-    model, ks: Sequence[int], *, context_length: int = 128, repeats: int = 15, warmup: int = 2, seed: int = 0
+    model, ks: Sequence[int], *, context_length: int = 128, repeats: int = 15, warmup: int = 2, seed: int = 0,
+    compile_options: dict | None = None,
 ) -> LatencyCurve:
     """Time one cached decode step of ``model``'s body plus a k-row LM head, for each k, and the body alone.
 
@@ -390,6 +391,10 @@ def measure_draft_latency(
     Works on a plain causal LM or a :class:`~hf_vocabspec.modeling.TrimmedDrafter` (then k <= its kept size).
     A model whose layers were quantized (``apply_weight_quantization``) is timed with its k-row heads quantized
     the same way, as a trimmed head of it would run.
+
+    ``compile_options`` (torch.compile options, ``generation.hooks.draft_compile_options``): the body's step runs
+    as a drafter with ``compile_draft_step`` runs it, through the engine's compiled call on a static cache of its
+    own (``DraftStep.compile``; the heads stay eager), the compile paid in the warm-up steps (not timed).
     """
     from transformers.cache_utils import DynamicCache
 
@@ -408,23 +413,39 @@ def measure_draft_latency(
     ks = sorted({min(k, vocab) for k in asked})
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (1, context_length + 1), generator=gen).to(device)
-    cache = DynamicCache(config=body.config)
-    cache.activate_past_recording()  # sliding-window layers must be croppable back after each step
-    cache_kw = {cache_kwarg(body): cache}
-    body(input_ids=ids[:, :context_length], use_cache=True, **cache_kw)
     step_ids = ids[:, context_length:]
     pos = torch.tensor([[context_length]], device=device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    if compile_options is None:
+        cache = DynamicCache(config=body.config)
+        cache.activate_past_recording()  # sliding-window layers must be croppable back after each step
+        step, back = body, lambda: cache.crop(-1)  # back to context_length tokens
+    else:  # the engine's compiled draft step (generation/: its static cache, compiled call and rollback)
+        from .generation.draft_step import compiled_call, graph_call, static_columns
+        from .generation.engine import static_step_cache
+        from .modeling import refresh_weight_quantization
+
+        held = static_step_cache(body.config, static_columns(context_length + 1))
+        held.grew(context_length)  # (the prompt, fed below)
+        cache = held.cache
+        refresh_weight_quantization(body)
+        step = graph_call(compiled_call(body, compile_options))
+
+        def back() -> None:  # the step's column written, then the fill level moved back to the prompt's
+            held.grew(1)
+            held.keep([context_length], context_length)
+    cache_kw = {cache_kwarg(body): cache}
+    body(input_ids=ids[:, :context_length], use_cache=True, **cache_kw)
 
     def one_step(head: torch.Tensor | None) -> float:
         sync()
         t0 = time.perf_counter()
-        hidden = body(input_ids=step_ids, position_ids=pos, use_cache=True, **cache_kw).last_hidden_state
+        hidden = step(input_ids=step_ids, position_ids=pos, use_cache=True, **cache_kw).last_hidden_state
         if head is not None:
             head(hidden[:, -1])
         sync()
         dt = time.perf_counter() - t0
-        cache.crop(-1)  # back to context_length tokens
+        back()
         return dt
 
     def k_rows(k: int) -> torch.nn.Linear:

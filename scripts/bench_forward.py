@@ -12,6 +12,13 @@ buffer larger than the last-level cache, measured in the same run). Prints a mar
     .venv/bin/python scripts/bench_forward.py --models offline:qwen2.5-coder-1.5b-instruct offline:qwen2.5-coder-0.5b-instruct
     .venv/bin/python scripts/bench_forward.py --positions 1 2 3 4 5 6 8 16 --repeats 5 --device cuda
     .venv/bin/python scripts/bench_forward.py --random-weights --models DIR_WITH_CONFIG_JSON ... --device cuda
+    .venv/bin/python scripts/bench_forward.py --models offline:qwen2.5-coder-0.5b-instruct --dtypes bfloat16 \
+        --kernels int4 --compile --positions 1       # + the step compiled, as compile_draft_step runs it
+
+``--compile`` adds, after each row of kernels ``linear``, ``int8`` or ``int4``, the same forward compiled as a
+drafter with ``compile_draft_step`` runs its steps: ``torch.compile`` of the model's call (transformers' default
+compile config, static shapes) on a static cache (the engine's ``engine_cache``), one compile per M, untimed.
+(``fast`` has no compiled twin: the fast linears are an eager kernel choice; a compiled step traces plain linears.)
 
 ``--random-weights`` builds each model from its config.json alone (random weights: a forward's time does not
 depend on the values), for machines the weights cannot reach, e.g. a GPU host with no registry access.
@@ -101,6 +108,37 @@ def forward_seconds(model, context: int, m: int, repeats: int, device: str, warm
 
 
 @torch.no_grad()
+def compiled_forward_seconds(model, context: int, m: int, repeats: int, device: str) -> float:
+    """``forward_seconds`` with the m-position forward compiled, as ``DraftStep.compile`` runs a drafter's steps:
+    the prompt eager on the engine's static cache (``static_step_cache``), then ``compiled_call`` of the model with
+    generate's options (``draft_compile_options``: the default compile config, ``dynamic=False``); the first two
+    runs (the compile) are not timed."""
+    from hf_vocabspec.generation.draft_step import compiled_call, graph_call, static_columns
+    from hf_vocabspec.generation.engine import static_step_cache
+    from hf_vocabspec.generation.hooks import draft_compile_options
+    from hf_vocabspec.modeling import cache_kwarg, refresh_weight_quantization
+
+    refresh_weight_quantization(model)
+    call = graph_call(compiled_call(model, draft_compile_options(model)))
+    vocab = model.config.get_text_config().vocab_size
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(10, min(vocab, 30000), (1, context), generator=g).to(device)
+    new = torch.randint(10, min(vocab, 30000), (1, m), generator=g).to(device)
+    positions = torch.arange(context, context + m, device=device)[None]
+    width = static_columns(context + m)
+    times = []
+    for _ in range(repeats + 2):  # (the engine's static cache: every layer a full-length buffer)
+        cache = static_step_cache(model.config.get_text_config(decoder=True), width).cache
+        model(input_ids=prompt, use_cache=True, logits_to_keep=1, **{cache_kwarg(model): cache})
+        sync(device)
+        t0 = time.perf_counter()
+        call(input_ids=new, position_ids=positions, use_cache=True, logits_to_keep=m, **{cache_kwarg(model): cache})
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[2:])
+
+
+@torch.no_grad()
 def decide_trials(model, m: int, device: str) -> None:
     """Run each linear layer on m random rows until the fast linears' trials for that shape are decided, so the
     timed forwards measure the chosen kernels (a forward runs the head once: its trials would spill into them)."""
@@ -138,6 +176,9 @@ def main() -> None:
                     help="linear: F.linear as transformers runs it; fast: hf_vocabspec.kernels.fast_linears (what "
                          "our generate runs), trials untimed; int8 / int4: a copy with weight-only quantized linears "
                          "(what drafter.quantize_weights runs; one weight read then counts the int bytes)")
+    ap.add_argument("--compile", action="store_true",
+                    help="after each linear / int8 / int4 row, the same forward compiled as compile_draft_step runs "
+                         "a drafter's steps (torch.compile, static cache; compiles untimed)")
     ap.add_argument("--random-weights", action="store_true",
                     help="build each model from its config.json (a folder or offline name) with random weights")
     args = ap.parse_args()
@@ -176,6 +217,13 @@ def main() -> None:
                 label = ("F.linear" if kind == "linear" else str(report) if kind == "fast"
                          else f"{kind} weights on {n} layers")
                 print(f"| {name} | {dtype} | {label} | {read * 1e3:.0f} ms | " + " | ".join(cells) + " |", flush=True)
+                if args.compile and kind != "fast":
+                    secs = {m: compiled_forward_seconds(run, args.context, m, args.repeats, args.device)
+                            for m in args.positions}
+                    cells = [f"{secs[m] / base:.2f}x decode, {secs[m] / read:.2f}x read" + (
+                        f" ({secs[m] * 1e3:.0f} ms)" if m == 1 else "") for m in args.positions]
+                    print(f"| {name} | {dtype} | {label}, compiled step | {read * 1e3:.0f} ms | " + " | ".join(cells)
+                          + " |", flush=True)
                 if run is not model:
                     del run
             kernels.release(model)

@@ -481,6 +481,20 @@ def test_tune_thresholds_default_with_sampling_is_not_refused(capsys, monkeypatc
         main(["tune", "--target", SMOL, "--mode", "t1", "--output", str(tmp_path / "out")])
 
 
+def test_tune_compile_draft_step_reaches_the_run(capsys, monkeypatch, tmp_path):
+    """--compile-draft-step is passed on to run_tune (which times and validates the steps compiled), off by default."""
+    import hf_vocabspec.evaluation.tune as tune_eval
+
+    seen = []
+    monkeypatch.setattr(tune_eval, "run_tune", lambda *a, **k: seen.append(k["compile_draft_step"]) or {})
+    monkeypatch.setattr(tune_eval, "format_tune", lambda report: "")
+    monkeypatch.setattr("hf_vocabspec.cli.evaluation.check_drafter_tokenizer", lambda args: None)
+    for extra in ([], ["--compile-draft-step"]):
+        rc, err = run_cli(capsys, "tune", "--target", SMOL, "--output", str(tmp_path / f"out{len(extra)}"), *extra)
+        assert rc == 0, err
+    assert seen == [False, True]
+
+
 def test_bench_honours_ks_and_coverages_together(capsys, monkeypatch, tmp_path):
     from hf_vocabspec.evaluation import benchmark
 

@@ -57,3 +57,19 @@ def test_bench_gpu_generate_smoke_on_cpu(tmp_path):
                           for m in (plain, watched))
         assert watched["rounds"] == plain["rounds"] and watched["tau"] == plain["tau"], (plain, watched)
         assert watched["engine_reads_per_round"] >= plain["engine_reads_per_round"] + 3, (plain, watched)
+
+
+def test_bench_forward_compiled_step_smoke(tmp_path):
+    """scripts/bench_forward.py --compile: the int8 row gets its compiled twin (one compile of a tiny model)."""
+    Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2).save_pretrained(tmp_path / "tiny")
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_forward.py"), "--random-weights", "--models",
+         str(tmp_path / "tiny"), "--dtypes", "bfloat16", "--kernels", "int8", "--compile", "--positions", "1",
+         "--repeats", "1", "--context", "8"], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = [line for line in run.stdout.splitlines() if line.startswith(f"| {tmp_path / 'tiny'} ")]
+    assert [r.split(" | ")[2] for r in rows] == ["int8 weights on 15 layers",
+                                                 "int8 weights on 15 layers, compiled step"], run.stdout
+    assert all("x read (" in r for r in rows), run.stdout

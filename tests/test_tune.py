@@ -202,6 +202,43 @@ def test_quantized_drafter_is_measured_and_ships_quantized(tmp_path):
     assert torch.equal(target.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=loaded), ref)
 
 
+def test_compiled_draft_steps_are_timed_as_generate_runs_them(monkeypatch):
+    """``compile_draft_step``: the drafter's body step is timed through the engine's compiled call with generate's
+    options (a real Inductor compile), on the engine's static cache, rolled back to the same context before every
+    step (else each timed step would see a longer one), with no graph break; the record says so."""
+    from torch._dynamo.utils import counters
+
+    from hf_vocabspec.evaluation.tune import measure_throughput
+    from hf_vocabspec.generation import draft_step
+    from hf_vocabspec.generation.hooks import draft_compile_options
+    from hf_vocabspec.modeling import cache_kwarg
+
+    target, base = make_pair("gemma3", seed=2, head_scale=8.0)  # sliding layers: full-length buffers, as generate
+    built, fill = [], []
+    real = draft_step.compiled_call
+
+    def spy(module, options):
+        built.append((module, options))
+        call = real(module, options)
+
+        def run(**kw):
+            fill.append(int(kw[cache_kwarg(module)].layers[0].cumulative_length))
+            return call(**kw)
+        return run
+
+    monkeypatch.setattr(draft_step, "compiled_call", spy)
+    breaks = sum(counters["graph_break"].values())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "the machine was busy": expected on a shared test machine
+        model, record, _ = measure_throughput(target, base, tiny_conversations(), tiny_counts(), [16, 40],
+                                              draft_lengths=[2, 3], repeats=2, context_length=16,
+                                              compile_draft_step=True)
+    assert built == [(base.model, draft_compile_options(target))] and built[0][1]["dynamic"] is False
+    assert len(fill) >= 3 * 2 and set(fill) == {16}, fill  # (warm-up + repeats) x (body alone + 2 heads)
+    assert sum(counters["graph_break"].values()) == breaks
+    assert record["compile_draft_step"] is True and all(s > 0 for s in model.draft_latency.seconds)
+
+
 def test_drafter_weights_are_tuned_against_one_measurement_of_the_target():
     """Each weights' acceptance and draft latency are measured on their own, the target's verify latencies once
     (identical forward_seconds: measured twice they would differ), and the choice is the most tokens/s."""

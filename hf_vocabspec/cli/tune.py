@@ -75,6 +75,7 @@ def _run(args, out, tqdm) -> dict:
         max_new_tokens=args.max_new_tokens, acceptance=args.acceptance,
         confidence_thresholds=args.confidence_thresholds,
         weight_quantizations=[weight_scheme(w) for w in args.weight_quantizations],
+        compile_draft_step=args.compile_draft_step,
         progress=lambda xs: tqdm(xs, leave=False),
     )
 
@@ -97,6 +98,9 @@ def register(sub) -> None:
     t.add_argument("--weight-quantizations", nargs="+", choices=WEIGHT_QUANTIZATION_CHOICES, default=["none"],
                    help="drafter weights searched with k and L: none (as loaded), int8 / int4 weight-only (CPU; each "
                         "measured on its own: acceptance and draft latency; the tuned drafter is saved with it)")
+    t.add_argument("--compile-draft-step", action="store_true",
+                   help="time (and validate) the draft steps compiled, as drafter.compile_draft_step = True runs them "
+                        "(the first timed step pays the compile); the choice is then for a drafter used that way")
     t.add_argument("--mode", type=sampling_mode, default="greedy", help="'greedy' or 't<temperature>' (e.g. t1, t0.7)")
     t.add_argument("--n-trials", type=positive_int, default=None, help="default: the whole grid (exact argmax)")
     t.add_argument("--storage", default=None, help="journal file (or sqlite:///...) to resume the study")

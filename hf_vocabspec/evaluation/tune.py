@@ -7,7 +7,8 @@ Measured here, on this machine (the model itself is hf_vocabspec.selection.Throu
   (``acceptance="drafter"``, the default of run_tune); or the older model: the ideal trimmed drafter on the
   reference answers scaled by the drafter's scalar agreement (``acceptance="ideal"``, optimistic: it
   predicted tau 8.6 at L=8 on pair G where generation measured 6.4);
-- the drafter's step latency per k (cost.measure_draft_latency);
+- the drafter's step latency per k (cost.measure_draft_latency; with ``compile_draft_step`` its steps compiled, as
+  a drafter with ``drafter.compile_draft_step = True`` runs them);
 - the target's decode step and its verify forward over L+1 positions, with the verify head on
   (verify_head.measure_verify_latency), and the machine's load before and after.
 The chosen L and context setting are saved with the drafter (generation_config.num_assistant_tokens,
@@ -302,6 +303,7 @@ def measure_throughput(
     progress: Callable | None = None,
     verify=None,
     continued: bool = False,
+    compile_draft_step: bool = False,
 ) -> tuple[ThroughputModel, dict, object]:
     """:func:`measure_throughput_model`, also returning the target's verify latencies (``VerifyLatency``), which
     a later call takes as ``verify`` to reuse: they do not depend on the drafter, and measuring them again per
@@ -310,8 +312,11 @@ def measure_throughput(
 
     ``acceptance``: "drafter" = the real trimmed drafter's per-position acceptance along the target's greedy
     continuation (``continuation_tokens`` per prompt) with simulated rounds (:func:`drafter_acceptance_profile`);
-    "ideal" = the ideal trimmed drafter on the reference answers, scaled by the drafter's scalar agreement."""
+    "ideal" = the ideal trimmed drafter on the reference answers, scaled by the drafter's scalar agreement.
+    ``compile_draft_step``: the draft steps are timed compiled, as ``drafter.compile_draft_step = True`` runs them
+    (with generate's compile options; the fast linears then on the heads only, as generate keeps them)."""
     from ..cost import measure_draft_latency
+    from ..generation.hooks import draft_compile_options
     from ..kernels import fast_linears, wants_fast_linears
     from ..verify_head import measure_verify_latency
 
@@ -328,8 +333,12 @@ def measure_throughput(
         raise ValueError(f"acceptance must be 'drafter' or 'ideal'; got {acceptance!r}.")
     widths = tuple(sorted({int(n) + 1 for n in draft_lengths}))
     # the timed part: draft steps per k, verify forwards per L+1, with the linear kernels generate will run
-    with OtherLoad() as others, fast_linears(target, drafter, enabled=wants_fast_linears(drafter)):
-        curve = measure_draft_latency(drafter, profile.ks, context_length=context_length, repeats=repeats)
+    options = draft_compile_options(target) if compile_draft_step else None
+    # compiled steps: the body is what the compiler traces, the head keeps the fast linears (generate_kernels)
+    kernels_on = (target, drafter.get_output_embeddings()) if compile_draft_step else (target, drafter)
+    with OtherLoad() as others, fast_linears(*kernels_on, enabled=wants_fast_linears(drafter)):
+        curve = measure_draft_latency(drafter, profile.ks, context_length=context_length, repeats=repeats,
+                                      compile_options=options)
         if verify is None or not set(widths) <= set(verify.ms):
             verify = measure_verify_latency(target, widths, context_length=context_length, repeats=repeats)
     load_after, _ = load_check()
@@ -346,7 +355,8 @@ def measure_throughput(
               "verify_decode_ratio": {str(n): verify.ratio(n) for n in widths},
               "verify_kernels": {str(n): k for n, k in verify.kernels.items() if n in widths},
               "load": [load_before, load_after], "other_processes_cores": others.cores, "busy": bool(busy),
-              "threads": torch.get_num_threads(), "context_length": context_length}
+              "threads": torch.get_num_threads(), "context_length": context_length,
+              "compile_draft_step": bool(compile_draft_step)}
     return model, record, verify
 
 
@@ -429,6 +439,7 @@ def run_tune(
     acceptance: str = "drafter",
     confidence_thresholds: Sequence[float] = DEFAULT_CONFIDENCE_THRESHOLDS,
     weight_quantizations: Sequence[str | None] = (None,),
+    compile_draft_step: bool = False,
     progress: Callable | None = None,
 ) -> dict:
     """Count, measure, search, save: writes tune.json, heatmap.png and (by default) the tuned drafter to
@@ -438,7 +449,10 @@ def run_tune(
     the prompts whose continuations were scored (``"scored"``: the simulation's own test, free of prompt-to-prompt
     variance: greedy generation walks exactly the scored path). ``weight_quantizations``: the drafter's weights
     searched (None = as loaded, "int8", "int4": see TrimmedDrafter.quantize_weights); each is measured on its own
-    (acceptance AND draft latency) and the one with the most predicted tokens/s is chosen and saved."""
+    (acceptance AND draft latency) and the one with the most predicted tokens/s is chosen and saved.
+    ``compile_draft_step``: draft steps timed (and validated) compiled, as ``drafter.compile_draft_step = True`` runs
+    them: the choice is for a drafter used that way (the flag is set at run time, not saved; the report and the
+    saved selection say so)."""
     if validate_on not in ("held-out", "scored"):
         raise ValueError(f"validate_on must be 'held-out' or 'scored'; got {validate_on!r}.")
     from ..coverage import count_assistant_tokens
@@ -466,7 +480,8 @@ def run_tune(
     searched = tune_drafter_weights(target, drafter, convs, counts, ks, weight_quantizations, tune_kwargs={
         "n_trials": n_trials, "seed": seed, "storage": storage}, draft_lengths=draft_lengths, mode=mode,
         always_kept=special, repeats=repeats, acceptance=acceptance, continuation_tokens=max_new_tokens,
-        confidence_thresholds=confidence_thresholds, progress=progress, continued=True)
+        confidence_thresholds=confidence_thresholds, progress=progress, continued=True,
+        compile_draft_step=compile_draft_step)
     best = best_weights(searched)
     drafter, model, record, result = searched[best]
     report = {"target": target_name, "drafter": drafter_name, "dataset": dataset, "count_examples": len(counted),
@@ -495,13 +510,14 @@ def run_tune(
             target, drafter, counts, result, prompts, ks=validate_ks, model=model,
             draft_lengths=validate_draft_lengths, tokenizer=tokenizer, max_new_tokens=max_new_tokens,
             generate_kwargs=_generate_kwargs(mode),
-            progress=progress)
+            progress=progress, compile_draft_step=compile_draft_step)
         report["validation"]["validated_on"] = validate_on
     atomic_write(out / "tune.json", lambda p: p.write_text(json.dumps(report, indent=2)))
     plot_tune_heatmap(result, out / "heatmap.png", model)
     if save_drafter:
         save_tuned_drafter(drafter, counts, result, out / "drafter", tokenizer=tokenizer, target_model=target_name,
-                           extra_selection={"dataset": dataset, "mode": mode})
+                           extra_selection={"dataset": dataset, "mode": mode,
+                                            **({"compile_draft_step": True} if compile_draft_step else {})})
     return report
 
 
@@ -517,6 +533,9 @@ def format_tune(report: dict) -> str:
              + (" (BUSY: noisy)" if report["measured"]["busy"] else ""),
              "verify/decode ratio (verify head on): " + ", ".join(
                  f"L+1={n}: {v:.2f}" for n, v in report["measured"]["verify_decode_ratio"].items())]
+    if report["measured"].get("compile_draft_step"):
+        lines.append("draft steps timed compiled: the choice holds for the drafter with drafter.compile_draft_step = "
+                     "True (lm-eval: compile_draft_step=True); it is set at run time, not saved")
     schemes = report.get("by_weight_quantization") or {}
     if len(schemes) > 1:
         lines.append("drafter weights: " + "; ".join(
@@ -558,10 +577,12 @@ def validate_tuned(
     generate_kwargs: dict | None = None,
     model: ThroughputModel | None = None,
     progress: Callable | None = None,
+    compile_draft_step: bool = False,
 ) -> dict:
     """Measure the tuned (k, L, context, threshold) next to a grid of neighbours (``ks`` x ``draft_lengths`` at a
     constant L, same context setting) and target only, interleaved in one run; returns the rows (with the
-    ``model``'s predicted tau, draft count and speedup beside the measured ones) and the tuned setting's rank."""
+    ``model``'s predicted tau, draft count and speedup beside the measured ones) and the tuned setting's rank.
+    ``compile_draft_step``: every drafter runs its steps compiled (the warm-up call pays the compiles)."""
     from ..configuration import set_draft_length
     from ..trimming import trim_drafter
     from .benchmark import Method, compare_methods
@@ -587,7 +608,8 @@ def validate_tuned(
 
         def prepare(d=drafters[k], n=n, t=t):  # untimed, before each call: this method's schedule
             set_draft_length(d.generation_config, n, t)
-        methods.append(Method(name(k, n, t), drafters[k], prepare=prepare))
+        methods.append(Method(name(k, n, t), drafters[k], prepare=prepare,
+                              attrs={"compile_draft_step": True} if compile_draft_step else {}))
     results = compare_methods(target, methods, prompts, max_new_tokens=max_new_tokens, repeats=repeats,
                               generate_kwargs=generate_kwargs, progress=progress)
     base = results["target only"].tokens_per_s

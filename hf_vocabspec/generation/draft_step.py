@@ -168,6 +168,13 @@ def compiled_call(module: torch.nn.Module, options: dict):
     return held[1]
 
 
+def static_columns(columns: int) -> int:
+    """Columns of a compiled step's static cache holding ``columns``: bucketed (powers of two from 256), so calls of
+    other lengths reuse the compiled step instead of recompiling for every cache width (the masked columns cost a
+    small model's attention little)."""
+    return max(256, 1 << (int(columns) - 1).bit_length())
+
+
 def graph_input(tensor: torch.Tensor | None) -> torch.Tensor | None:
     """``tensor`` as a compiled call takes it: a copy where it is a view into a larger buffer (the engine's ids and
     position grids). A view's storage offset and strides change from step to step; torch.compile makes them
@@ -222,9 +229,7 @@ class DraftStep:
 
     def compile(self, options: dict, static_length: int) -> None:
         """Run the drafter's forwards after its first (the prompt's) compiled, on static caches (``new_cache``)."""
-        # bucketed (powers of two from 256): calls of other lengths reuse the compiled step instead of recompiling
-        # for every cache width (the masked columns cost a small model's attention little)
-        self.static_length = max(256, 1 << (int(static_length) - 1).bit_length())
+        self.static_length = static_columns(static_length)
         body = self.body if self.trimmed else self.model
         refresh_weight_quantization(body)  # its traced int8/int4 layers do not check their weights themselves
         self._compiled = graph_call(compiled_call(body, options))

@@ -78,7 +78,7 @@ from ..compatibility import target_rows
 from ..configuration import SPECULATION_MODES
 from ..modeling import cache_kwarg
 from .constraints import TrackedConstraint, draft_constraint_for
-from .draft_step import DraftStep, graph_call
+from .draft_step import DraftStep, engine_cache, graph_call
 from .host import read, upload
 from .stats import SpeculationStats
 from .vocabulary import is_stateless, is_value_only
@@ -388,6 +388,13 @@ class _AlignedCache:
             if isinstance(layer, StaticLayer) and self._columns(layer):
                 layer.cumulative_length.fill_(self.length - n)
         self.length -= n
+
+
+def static_step_cache(config, columns: int) -> _AlignedCache:
+    """A compiled draft step's cache as the engine holds it (``engine_cache`` of ``columns`` static columns, every
+    layer a full-length buffer), for timing that step outside a generate call (``cost.measure_draft_latency``,
+    scripts/bench_forward.py); ``keep`` rolls it back."""
+    return _AlignedCache(engine_cache(config, columns), capacity=columns)
 
 
 def _is_simple(criterion) -> bool:

@@ -342,7 +342,7 @@ def _run_engine(target, assistant, bound: dict, kernels: str = "F.linear (not ou
         constrain_drafts=check_constrain_drafts(
             getattr(getattr(assistant, "generation_config", None), "constrain_drafts", True)),
         target_call=target.get_compiled_call(generation_config.compile_config) if compiled else None,
-        compile_options=_draft_compile_options(target, generation_config, compiled, compiled_draft))
+        compile_options=draft_compile_options(target, generation_config, compiled, compiled_draft))
     engine.stats.kernels = kernels
     sequences = engine.run()
     assistant.last_speculation_stats = engine.stats
@@ -352,14 +352,17 @@ def _run_engine(target, assistant, bound: dict, kernels: str = "F.linear (not ou
     return sequences
 
 
-def _draft_compile_options(target, generation_config, compiled: bool, compiled_draft: bool) -> dict | None:
+def draft_compile_options(target, generation_config=None, compiled: bool = False,
+                          compiled_draft: bool = True) -> dict | None:
     """torch.compile options of the drafter's steps: the call's compile_config (or the target's default) where the
     verify is compiled too (``compiled``); for compiled draft steps alone (``compiled_draft``) the same with static
     shapes (``dynamic=False``): a round's first step feeds 1 or 2 tokens, and a graph made dynamic by the second runs
-    the one-token steps slower than their own static graph. None: the drafter's steps run eager."""
+    the one-token steps slower than their own static graph. None: the drafter's steps run eager. (``tune
+    --compile-draft-step`` times the steps with these options: generate then reuses what it compiled.)"""
     if not (compiled or compiled_draft):
         return None
-    options = (generation_config.compile_config or target._default_compile_config()).to_dict()
+    compile_config = getattr(generation_config, "compile_config", None)
+    options = (compile_config or target._default_compile_config()).to_dict()
     if compiled_draft:
         options["dynamic"] = False
     return options
