@@ -6,8 +6,9 @@ are plain dicts at run time, so config.json round-trips unchanged and checkpoint
 declared load as they are. The drafting settings a drafter carries in its generation_config (draft length,
 confidence threshold, the batched loop's rule) have their defaults, valid values and checks here too.
 
-Runtime switches are not a second copy of these fields: ``drafter.use_context_tokens``, ``drafter.use_verify_head``
-and ``drafter.use_rdk`` read and write ``config.context_tokens``, ``config.verify_head`` and ``config.rdk["enabled"]``
+Runtime switches are not a second copy of these fields: ``drafter.use_context_tokens``, ``drafter.use_verify_head``,
+``drafter.compile_draft_step`` and ``drafter.use_rdk`` read and write ``config.context_tokens``, ``config.verify_head``,
+``config.compile_draft_step`` and ``config.rdk["enabled"]``
 (see :class:`~hf_vocabspec.modeling.TrimmedDrafter`), so what a call uses and what a save writes are one value.
 
 Shipped with every checkpoint (beside modeling.py, as ``trust_remote_code`` code): imports only the standard library,
@@ -32,6 +33,7 @@ __all__ = [
     "TrimmedDrafterConfig",
     "VocabularyMapError",
     "check_batched_speculation",
+    "check_compile_draft_step",
     "check_confidence_threshold",
     "check_constrain_drafts",
     "capped_draft_length",
@@ -199,6 +201,11 @@ class TrimmedDrafterConfig(PreTrainedConfig):
     verify_head: bool = True
     """Verify with hf_vocabspec.verify_head (the target's LM head reading its weight once for the L+1 rows). The
     runtime switch ``drafter.use_verify_head`` reads and writes this field."""
+    compile_draft_step: bool = False
+    """Run the drafter's one-token steps compiled (``torch.compile`` on a static cache of its own): Inductor fuses what
+    the eager step dispatches op by op; the first generate call pays the compiles, later ones reuse them. The runtime
+    switch ``drafter.compile_draft_step`` reads and writes this field (``tune --compile-draft-step`` saves it on where
+    it timed the steps that way); checkpoints saved without the field keep it off."""
     weight_quantization: str | None = None
     """None, or one of ``WEIGHT_QUANTIZATIONS``: the drafter's linear layers (body and kept head) hold weight-only
     quantized values and draft through torch's int kernels (CPU; their copies made at load), cutting the bytes a
@@ -218,6 +225,13 @@ class TrimmedDrafterConfig(PreTrainedConfig):
         for key in ("dtype", "torch_dtype"):  # the body follows the drafter's dtype (from_pretrained(dtype=...)),
             cfg.pop(key, None)  # not the dtype its base was saved in (else only the head is converted)
         return AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+
+
+def check_compile_draft_step(value: object, *, fix: str = "set drafter.compile_draft_step = True or False") -> bool:
+    """Refuse a ``compile_draft_step`` that is not True or False (an edited config.json, a typo'd switch)."""
+    if isinstance(value, bool):
+        return value
+    raise ValueError(f"compile_draft_step must be True or False (got {value!r}): {fix}.")
 
 
 def check_weight_quantization(value: object) -> str | None:

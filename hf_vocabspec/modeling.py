@@ -36,6 +36,7 @@ from .configuration import (
     TrimmedDrafterConfig,
     VocabularyMapError,
     check_batched_speculation,
+    check_compile_draft_step,
     check_drafting_settings,
     check_weight_quantization,
 )
@@ -341,6 +342,16 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
     @use_verify_head.setter
     def use_verify_head(self, value) -> None:
         self.config.verify_head = value
+
+    @property
+    def compile_draft_step(self) -> bool:
+        """Run the one-token draft steps compiled (``generation.hooks.compiles_draft_step``; the first call pays the
+        compiles). The value of ``config.compile_draft_step`` (False where a checkpoint was saved without it)."""
+        return getattr(self.config, "compile_draft_step", False)
+
+    @compile_draft_step.setter
+    def compile_draft_step(self, value) -> None:
+        self.config.compile_draft_step = check_compile_draft_step(value)
 
     @property
     def use_rdk(self):
@@ -654,6 +665,8 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
         model.validate_vocab_map()
         model.validate_rdk_buffers()  # a kernel announced in config must be present and sound
         model.validate_context_head(info.get("missing_keys", ()))  # kept pruned rows announced in config: present, sound
+        check_compile_draft_step(model.compile_draft_step, fix=f"set \"compile_draft_step\": true or false in "
+                                 f"config.json of the drafter in {os.fspath(where)!r}, or re-save the drafter")
         scheme = check_weight_quantization(getattr(model.config, "weight_quantization", None))
         if scheme is not None:
             model.quantize_weights(scheme, _loading=True)

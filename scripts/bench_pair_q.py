@@ -193,11 +193,10 @@ def main() -> None:
         ctx = " +context" if tuned.use_context_tokens else ""
         stop = tuned.generation_config.assistant_confidence_threshold
         n_tuned = tuned.generation_config.num_assistant_tokens
-        # tuned for compiled steps (tune --compile-draft-step, in its saved selection): run that way
-        compiled = bool((getattr(tuned.config, "selection", None) or {}).get("compile_draft_step"))
+        # tuned for compiled steps (tune --compile-draft-step): saved with compile_draft_step on, run as loaded
         methods.append(Method(f"tuned k={tuned.config.draft_vocab_size} L={n_tuned}{ctx}"
-                              + (f" stop<{stop:g}" if stop else "") + (" compiled steps" if compiled else ""), tuned,
-                              attrs={"compile_draft_step": True} if compiled else {}))
+                              + (f" stop<{stop:g}" if stop else "")
+                              + (" compiled steps" if tuned.compile_draft_step else ""), tuned))
         # the untrimmed drafter on the tuned schedule: separates what the schedule gives from what trimming gives
         methods.append(Method(f"HF assisted, tuned schedule L={n_tuned}" + (f" stop<{stop:g}" if stop else ""), full,
                               attrs={"generation_config": set_draft_length(copy.deepcopy(hf_default), n_tuned, stop)}))

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 import hf_vocabspec
 from hf_vocabspec import TokenCounts, TrimmedDrafter, VocabularyMapError, trim_drafter
+from hf_vocabspec.generation.hooks import compiles_draft_step
 
 
 @pytest.fixture(scope="module")
@@ -174,11 +175,13 @@ def test_structured_entries_round_trip_and_old_configs_load(tmp_path, drafter):
     # a config.json written before eval_results / verify_head / context fields were declared loads with defaults
     path = tmp_path / "d" / "config.json"
     cfg = json.loads(path.read_text())
-    for key in ("eval_results", "verify_head", "context_tokens", "max_context_tokens", "context_head_size"):
+    for key in ("eval_results", "verify_head", "context_tokens", "max_context_tokens", "context_head_size",
+                "compile_draft_step"):
         cfg.pop(key, None)
     path.write_text(json.dumps(cfg))
     old = TrimmedDrafter.from_pretrained(tmp_path / "d")
     assert old.config.eval_results is None and old.use_verify_head is True and old.use_context_tokens is False
+    assert old.compile_draft_step is False
 
 
 def test_runtime_switches_are_views_of_their_config_fields(tmp_path, pair):
@@ -190,9 +193,20 @@ def test_runtime_switches_are_views_of_their_config_fields(tmp_path, pair):
     assert drafter.config.context_tokens is False and drafter.config.verify_head is False
     drafter.config.verify_head = True
     assert drafter.use_verify_head is True
+    assert drafter.compile_draft_step is False
+    drafter.compile_draft_step = True
+    assert drafter.config.compile_draft_step is True
+    with pytest.raises(ValueError, match="compile_draft_step must be True or False"):
+        drafter.compile_draft_step = "yes"
     drafter.save_pretrained(tmp_path / "d")
     loaded = TrimmedDrafter.from_pretrained(tmp_path / "d")
     assert loaded.use_context_tokens is False and loaded.use_verify_head is True
+    assert loaded.compile_draft_step is True  # saved on: generate runs its steps compiled (hooks.compiles_draft_step)
+    assert compiles_draft_step(loaded)
+    path = tmp_path / "d" / "config.json"  # an edited config.json: refused at load, in one line naming the fix
+    path.write_text(json.dumps({**json.loads(path.read_text()), "compile_draft_step": "yes"}))
+    with pytest.raises(ValueError, match="compile_draft_step must be True or False.*config.json"):
+        TrimmedDrafter.from_pretrained(tmp_path / "d")
     assert loaded.use_rdk is False  # no kernel attached: nothing to switch on
     loaded.use_rdk = False
     with pytest.raises(ValueError, match="no RDK kernel"):

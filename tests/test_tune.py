@@ -163,6 +163,7 @@ def test_measured_model_tunes_and_the_choice_ships_with_the_drafter(tmp_path):
     assert loaded.generation_config.num_assistant_tokens == 3
     assert loaded.generation_config.assistant_confidence_threshold == 0.0
     assert loaded.config.context_tokens is True and loaded.use_context_tokens
+    assert loaded.compile_draft_step is False  # timed eager: saved eager
     assert loaded.config.selection["num_draft_tokens"] == 3 and loaded.config.selection["context_tokens"] is True
     prompt = torch.tensor([[1, 6, 9, 14, 6, 9]])
     ref = target.generate(prompt, do_sample=False, max_new_tokens=20)
@@ -237,6 +238,22 @@ def test_compiled_draft_steps_are_timed_as_generate_runs_them(monkeypatch):
     assert len(fill) >= 3 * 2 and set(fill) == {16}, fill  # (warm-up + repeats) x (body alone + 2 heads)
     assert sum(counters["graph_break"].values()) == breaks
     assert record["compile_draft_step"] is True and all(s > 0 for s in model.draft_latency.seconds)
+
+
+def test_a_choice_timed_compiled_is_saved_to_run_compiled(tmp_path):
+    """``tune --compile-draft-step`` chose for compiled steps: the saved drafter runs them (config.compile_draft_step),
+    and generate, picking it up with no argument, keeps target-only's greedy output."""
+    from hf_vocabspec.generation.hooks import compiles_draft_step
+
+    target, base = make_pair("llama", seed=2, head_scale=8.0)
+    choice = TuneResult(16, 3, False, 1.0, 1.0, [])
+    save_tuned_drafter(base, tiny_counts(), choice, tmp_path / "drafter", compile_draft_step=True)
+    loaded = hf_vocabspec.TrimmedDrafter.from_pretrained(tmp_path / "drafter").eval()
+    assert loaded.compile_draft_step is True and compiles_draft_step(loaded)
+    prompt = torch.tensor([[1, 6, 9, 14, 6, 9]])
+    ref = target.generate(prompt, do_sample=False, max_new_tokens=12)
+    assert torch.equal(target.generate(prompt, do_sample=False, max_new_tokens=12, assistant_model=loaded), ref)
+    assert "compiled" in loaded.last_speculation_stats.kernels
 
 
 def test_drafter_weights_are_tuned_against_one_measurement_of_the_target():

@@ -28,6 +28,7 @@ from ..configuration import (DEFAULT_CONFIDENCE_THRESHOLD, DEFAULT_NUM_ASSISTANT
                              set_draft_length)
 from ..cost import RoundModel, iid_acceptance, project_ssd_speedup
 from ..generation import SpeculationStats
+from ..generation.hooks import compiles_draft_step
 from ..hub import EvalResultRow
 from ..kernels import fast_linears
 from ..modeling import TrimmedDrafter
@@ -394,9 +395,9 @@ def compare_methods(
             with (applied_attrs(_drafter_of(m.assistant) or m.assistant, m.attrs), torch_threads(m.threads),
                   fast_linears(target, enabled=m.fast_linears)):
                 # compiled draft steps: a whole call, so that every step shape compiles here (1- and 2-token feeds)
+                whole = compiles_draft_step(_drafter_of(m.assistant))
                 target.generate(prompts[0], attention_mask=torch.ones_like(prompts[0]),
-                                generation_config=config if m.attrs.get("compile_draft_step") else warm_config,
-                                assistant_model=m.assistant)
+                                generation_config=config if whole else warm_config, assistant_model=m.assistant)
         for r, i, m in iterator:
             ids = prompts[i]
             res = results[m.name]

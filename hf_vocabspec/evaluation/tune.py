@@ -387,8 +387,10 @@ def best_weights(searched: dict) -> str | None:
 
 
 def save_tuned_drafter(base_drafter, counts: TokenCounts, result: TuneResult, out_dir, *, tokenizer=None,
-                       target_model: str | None = None, extra_selection: dict | None = None):
-    """Trim ``base_drafter`` to the chosen k and save it with the chosen L and context-token setting."""
+                       target_model: str | None = None, extra_selection: dict | None = None,
+                       compile_draft_step: bool = False):
+    """Trim ``base_drafter`` to the chosen k and save it with the chosen L and context-token setting, and with
+    ``compile_draft_step`` on where its steps were timed compiled (the choice holds for a drafter run that way)."""
     from ..configuration import set_draft_length
     from ..trimming import trim_drafter
 
@@ -404,8 +406,8 @@ def save_tuned_drafter(base_drafter, counts: TokenCounts, result: TuneResult, ou
         raise ValueError("The tuned setting uses context tokens but this drafter kept no pruned head rows.")
     if result.weight_quantization is not None:
         drafter.quantize_weights(result.weight_quantization)
-    drafter.config.context_tokens = result.context_tokens
     drafter.use_context_tokens = result.context_tokens
+    drafter.compile_draft_step = compile_draft_step
     set_draft_length(drafter.generation_config, result.num_draft_tokens, result.confidence_threshold)
     out = Path(out_dir)
     drafter.save_pretrained(out)
@@ -451,8 +453,8 @@ def run_tune(
     searched (None = as loaded, "int8", "int4": see TrimmedDrafter.quantize_weights); each is measured on its own
     (acceptance AND draft latency) and the one with the most predicted tokens/s is chosen and saved.
     ``compile_draft_step``: draft steps timed (and validated) compiled, as ``drafter.compile_draft_step = True`` runs
-    them: the choice is for a drafter used that way (the flag is set at run time, not saved; the report and the
-    saved selection say so)."""
+    them: the choice is for a drafter used that way, and the tuned drafter is saved with ``compile_draft_step`` on
+    (``config.compile_draft_step``: generate then runs its steps compiled; set it False to run them eager)."""
     if validate_on not in ("held-out", "scored"):
         raise ValueError(f"validate_on must be 'held-out' or 'scored'; got {validate_on!r}.")
     from ..coverage import count_assistant_tokens
@@ -516,8 +518,7 @@ def run_tune(
     plot_tune_heatmap(result, out / "heatmap.png", model)
     if save_drafter:
         save_tuned_drafter(drafter, counts, result, out / "drafter", tokenizer=tokenizer, target_model=target_name,
-                           extra_selection={"dataset": dataset, "mode": mode,
-                                            **({"compile_draft_step": True} if compile_draft_step else {})})
+                           extra_selection={"dataset": dataset, "mode": mode}, compile_draft_step=compile_draft_step)
     return report
 
 
@@ -534,8 +535,8 @@ def format_tune(report: dict) -> str:
              "verify/decode ratio (verify head on): " + ", ".join(
                  f"L+1={n}: {v:.2f}" for n, v in report["measured"]["verify_decode_ratio"].items())]
     if report["measured"].get("compile_draft_step"):
-        lines.append("draft steps timed compiled: the choice holds for the drafter with drafter.compile_draft_step = "
-                     "True (lm-eval: compile_draft_step=True); it is set at run time, not saved")
+        lines.append("draft steps timed compiled: the tuned drafter is saved with compile_draft_step on (its steps run "
+                     "compiled; the first generate call pays the compiles)")
     schemes = report.get("by_weight_quantization") or {}
     if len(schemes) > 1:
         lines.append("drafter weights: " + "; ".join(
