@@ -22,8 +22,9 @@ static cache, compiled verify + draft steps" (not measured on a GPU yet).
 
 Host syncs: torch.cuda.set_sync_debug_mode("warn") counts every synchronizing CUDA call of one generate call.
 Rows "stop read per draft" (batch 1): the confidence stop on at a threshold no draft falls below, so the rounds are
-the same and the difference is the stop's one read per drafted token, the price on a GPU of the default policy's
-stop (L=12, stop below 0.4).
+the same and the difference is the stop's read per drafted token, the price on a GPU of the default policy's
+stop (L=12, stop below 0.4): on CUDA that flag is read one draft late (host.LaggedRead, lagged_reads_per_round in
+the JSON), so the row shows what the lagged read still costs (never stopping, it drafts nothing extra).
 
 Writes a markdown table (and JSON) as it goes; sections are skipped, with a line saying so, once --budget seconds
 are spent. On a CPU (no CUDA) it runs the same code for a smoke test (tiny --scale, no compile, no sync count):
@@ -250,6 +251,7 @@ def main() -> None:
                    rounds=rounds, tau=tau, syncs=syncs, projected=projected)
         if stats is not None:  # the engine's own count of its reads (SpeculationStats.host_syncs), on any device
             row["engine_reads_per_round"] = stats.host_syncs / max(stats.rounds, 1)
+            row["lagged_reads_per_round"] = stats.lagged_reads / max(stats.rounds, 1)  # the stop's, no stall
         row["vs_eager"] = tps / base if base else None
         row["vs_compiled"] = tps / compiled_base if compiled_base else None
         rows.append(row)

@@ -54,9 +54,10 @@ def exact_marginals(target, prompt, knobs) -> tuple[torch.Tensor, torch.Tensor]:
     return p1, p1 @ p2_given
 
 
-def draw(target, drafter, knobs, n=N_DRAWS, seed=1234, prompt=PROMPT, batch: int = 1) -> torch.Tensor:
+def draw(target, drafter, knobs, n=N_DRAWS, seed=1234, prompt=PROMPT, batch: int = 1,
+         num_assistant_tokens: int = 2, max_new_tokens: int = 3) -> torch.Tensor:
     """n samples of generated tokens 1-2; ``batch`` > 1 draws them as num_return_sequences rows of one call (the
-    engine's batched path), n // batch calls."""
+    engine's batched path), n // batch calls. (A round drafts at most ``max_new_tokens`` - 1.)"""
     torch.manual_seed(seed)
     L = prompt.shape[1]
     out = []
@@ -65,9 +66,9 @@ def draw(target, drafter, knobs, n=N_DRAWS, seed=1234, prompt=PROMPT, batch: int
             prompt,
             attention_mask=torch.ones_like(prompt),
             do_sample=True,
-            max_new_tokens=3,
+            max_new_tokens=max_new_tokens,
             min_new_tokens=3,
-            num_assistant_tokens=2,
+            num_assistant_tokens=num_assistant_tokens,
             assistant_model=drafter,
             **({"num_return_sequences": batch} if batch > 1 else {}),
             **({"top_k": 0} | knobs),
@@ -91,9 +92,11 @@ def chi2_pvalue(samples: torch.Tensor, probs: torch.Tensor) -> float:
     return float(stats.chisquare(obs.numpy(), exp.numpy()).pvalue)
 
 
-def check_lossless(target, drafter, knobs, pruned_probe: int | None = None, prompt=PROMPT, batch: int = 1) -> dict:
+def check_lossless(target, drafter, knobs, pruned_probe: int | None = None, prompt=PROMPT, batch: int = 1,
+                   num_assistant_tokens: int = 2, max_new_tokens: int = 3) -> dict:
     p1, p2 = exact_marginals(target, prompt, knobs)
-    samples = draw(target, drafter, knobs, prompt=prompt, batch=batch)
+    samples = draw(target, drafter, knobs, prompt=prompt, batch=batch, num_assistant_tokens=num_assistant_tokens,
+                   max_new_tokens=max_new_tokens)
     result = {"p_first": chi2_pvalue(samples[:, 0], p1), "p_second": chi2_pvalue(samples[:, 1], p2)}
     assert result["p_first"] >= PVALUE_THRESHOLD, result
     assert result["p_second"] >= PVALUE_THRESHOLD, result

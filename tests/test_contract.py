@@ -625,14 +625,23 @@ def test_trim_reads_configs_without_special_ids():
     assert drafter.config.pad_token_id is None
 
 
+@pytest.mark.parametrize("lagged", [False, True], ids=["read-at-once", "read-lagged"])
 @pytest.mark.parametrize("batch", [1, 3])
-def test_confidence_threshold_stops_rows_at_every_batch_size(batch):
+def test_confidence_threshold_stops_rows_at_every_batch_size(batch, lagged, monkeypatch):
     """A tuned drafter's confidence stop behaves the same at batch 1 and 3: rows propose fewer drafts after an
-    unsure one, and the output is still target-only's."""
+    unsure one, and the output is still target-only's. ``lagged``: the stop's flag read one draft late (as on a GPU,
+    host.LaggedRead): no read per drafted position (one per round), the same output, a draft more where it stops."""
+    monkeypatch.setattr("hf_vocabspec.generation.engine.lags_reads", lambda device: lagged)
     ref, out = run_case("llama", batch, "confidence_threshold")
     assert torch.equal(out, ref)
     stats = pair("llama")[1].last_speculation_stats
     assert any(p < 4 for p in stats.per_round_proposed)
+    if lagged:
+        assert stats.host_syncs == stats.rounds + stats.plain_steps and stats.lagged_reads > 0
+        if batch == 1:  # the stop comes one draft late: never after the first (the last round: the budget's cut)
+            assert min(stats.per_round_proposed[:-1]) >= 2, stats.per_round_proposed
+    else:
+        assert stats.host_syncs > stats.rounds + stats.plain_steps and stats.lagged_reads == 0
 
 
 # --- a target whose embedding is padded past the tokenizer (Qwen2.5-7B: 152,064 rows, its 0.5B drafter: 151,936) ---

@@ -93,6 +93,18 @@ def test_every_read_goes_through_the_counter(pair, kw, direct_reads):
     assert not direct_reads, direct_reads
 
 
+@pytest.mark.parametrize("sample", [False, True], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_a_lagged_confidence_stop_reads_once_per_round(pair, batch, sample, direct_reads, monkeypatch):
+    """On a GPU the confidence stop's flag is read one draft late (host.LaggedRead, forced here on CPU): the loop's
+    reads are then one per round with the stop on too (0 per drafted token); the lagged reads are counted apart."""
+    monkeypatch.setattr(engine, "lags_reads", lambda device: True)
+    stats = _generate(*pair, batch, sample, assistant_confidence_threshold=0.5)
+    assert stats.rounds > 3 and stats.lagged_reads > 0
+    assert stats.host_syncs == stats.rounds + stats.plain_steps
+    assert not direct_reads, direct_reads
+
+
 def test_power_a_direct_read_is_caught(pair, direct_reads, monkeypatch):
     """The audit sees a read that bypasses the counter (a test that cannot fail is a defect): a stray
     ``pad_cols.tolist()`` compiled as if it were a line of engine.py."""

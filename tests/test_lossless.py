@@ -83,13 +83,18 @@ def test_greedy_identical_to_target_on_many_prompts(kind):
 
 
 
-@pytest.mark.parametrize("batch", [1, 3])
-def test_sampling_with_a_confidence_stop_is_lossless(llama_pair, batch):
+@pytest.mark.parametrize("batch,lagged", [(1, False), (3, False), (1, True), (3, True)],
+                         ids=["b1", "b3", "b1-lagged", "b3-lagged"])
+def test_sampling_with_a_confidence_stop_is_lossless(llama_pair, batch, lagged, monkeypatch):
     """transformers' assistant_confidence_threshold under sampling: a round stops after a draft the drafter gave
     less than the threshold. The stop depends on the drafter's own draws only, so the marginals stay the
     target's. The threshold is the median of q(x), x ~ q, at the first draft: about half the rounds stop early.
     At batch 3 (num_return_sequences rows) the batch drafts on while a row is sure, and a row that was unsure
-    proposes its later drafts too (drafted from its own law anyway)."""
+    proposes its later drafts too (drafted from its own law anyway). ``lagged``: the stop read one draft late, as
+    on a GPU (host.LaggedRead), at L=3 (4 new tokens: a round drafts at most 3) so that the late stop still cuts
+    rounds: the first round then drafts 2 or 3, never 1 (the stop comes exactly one draft late)."""
+    monkeypatch.setattr("hf_vocabspec.generation.engine.lags_reads", lambda device: lagged)
+    L = 3 if lagged else 2
     target, drafter, probe = llama_pair
     gc = drafter.generation_config
     saved = gc.assistant_confidence_threshold, drafter.use_context_tokens
@@ -99,16 +104,16 @@ def test_sampling_with_a_confidence_stop_is_lossless(llama_pair, batch):
             q = drafter(input_ids=PROMPT).logits[0, -1].float().softmax(-1)
         values = q.sort().values
         gc.assistant_confidence_threshold = float(values[int((values.cumsum(0) < 0.5).sum())])  # P(q(x) < t) ~ 1/2
-        check_lossless(target, drafter, {}, pruned_probe=probe, batch=batch)
+        check_lossless(target, drafter, {}, pruned_probe=probe, batch=batch, num_assistant_tokens=L, max_new_tokens=L + 1)
         if batch > 1:
             return
-        # across calls the stop fired sometimes and not always: first rounds drafted 1 token or 2
+        # across calls the stop fired sometimes and not always: first rounds drafted 1 token or 2 (lagged: 2 or 3)
         torch.manual_seed(0)
         first_round = []
         for _ in range(30):
-            target.generate(PROMPT, attention_mask=torch.ones_like(PROMPT), do_sample=True, top_k=0, max_new_tokens=3,
-                            min_new_tokens=3, num_assistant_tokens=2, assistant_model=drafter)
+            target.generate(PROMPT, attention_mask=torch.ones_like(PROMPT), do_sample=True, top_k=0,
+                            max_new_tokens=L + 1, min_new_tokens=3, num_assistant_tokens=L, assistant_model=drafter)
             first_round.append(drafter.last_speculation_stats.per_round_proposed[0])
     finally:
         gc.assistant_confidence_threshold, drafter.use_context_tokens = saved
-    assert set(first_round) == {1, 2}, first_round
+    assert set(first_round) == ({2, 3} if lagged else {1, 2}), first_round

@@ -79,7 +79,7 @@ from ..configuration import SPECULATION_MODES
 from ..modeling import cache_kwarg
 from .constraints import TrackedConstraint, draft_constraint_for
 from .draft_step import DraftStep, engine_cache, graph_call
-from .host import read, upload
+from .host import LaggedRead, lags_reads, read, upload
 from .stats import SpeculationStats
 from .vocabulary import is_stateless, is_value_only
 
@@ -450,6 +450,7 @@ class SpeculativeEngine:
         self.step = DraftStep(assistant, self.processors, do_sample=self.do_sample,
                               confidence_threshold=confidence_threshold, stats=self.stats, vocab_size=self.vocab_size)
         self.step.defer_counts = True  # its draw counters are read once, at the end of the call
+        self.lagged_stop = lags_reads(self.device)  # the confidence stop read one draft late (GPU: no stall)
         # a static cache starts with room for max_length plus one round's drafts (``_AlignedCache.reserve`` grows it)
         self.capacity = int(generation_config.max_length) + self.L + FORCED_ROOM + 1
         if compile_options is not None:  # the drafter's steps compiled too, on a static cache of their own
@@ -629,8 +630,9 @@ class SpeculativeEngine:
         """Up to L drafter forwards per row: (laws (B, n, n_ids) or None, target ids (B, n), drafts each row proposes
         (B,), or None where that is every draft up to the row's first EOS: found from the drafts by the verification,
         ``_proposes_on_host`` / ``_proposes_on_device``). The batch stops drafting once every row has had an unsure draft or an EOS, where a confidence stop is
-        set (one read per drafted position: the early stop is what the threshold buys) or a draft constraint reads
-        each draft anyway; otherwise it drafts all L positions with no read. A row proposes its drafts up to its
+        set (one read per drafted position: the early stop is what the threshold buys; on a GPU read one draft late,
+        ``host.LaggedRead``, so the device never waits on it: the batch then drafts one more position, exact) or a
+        draft constraint reads each draft anyway; otherwise it drafts all L positions with no read. A row proposes its drafts up to its
         first EOS (past it they are simply not proposed: exact, at the cost of a few drafter steps at the end of a
         sequence), also those after its unsure one: they were drafted for the other rows anyway, from the row's
         own law, and the verify covers every drafted column, so proposing them is free and exact (at batch 1 the
@@ -658,6 +660,7 @@ class SpeculativeEngine:
         proposes = torch.full((len(row_ids),), cap, dtype=torch.long, device=self.device) \
             if self.constraint is not None else None
         stopped = torch.zeros(len(row_ids), dtype=torch.bool, device=self.device) if watch else None
+        lagged = None  # (lagged_stop) the last draft's stop flag, on its way to the host
         n = forwards = 0
         while forwards < L and n < cap:
             forced = self._forced(row_ids, cap - n) if force else None
@@ -701,7 +704,11 @@ class SpeculativeEngine:
                     break
             else:
                 stopped |= ends
-                if read(stopped.all(), self.stats):
+                if self.lagged_stop:  # the previous draft's flag, taken while this draft's work runs: stops a
+                    earlier, lagged = lagged, LaggedRead(stopped.all(), self.stats)  # draft late, exact, no stall
+                    if earlier is not None and earlier.value():
+                        break
+                elif read(stopped.all(), self.stats):
                     break
             if contexts is not None:
                 contexts = [torch.cat([c, tok]) for c, tok in zip(contexts, d.token)]

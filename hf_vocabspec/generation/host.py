@@ -7,6 +7,10 @@ drafts, new tokens, the drafts, what each row proposed, in one small tensor) and
 (computing rows, padding, lengths) as host lists. ``SpeculationStats.host_syncs`` counts the reads of the loop
 (rounds and plain steps), ``setup_syncs`` those made once per call (prompt layout, EOS ids, final counters).
 On CPU a read costs no wait, but the count is what a GPU would pay.
+
+A flag the loop may act on one step late (the confidence stop: drafting one more position is exact, only its cost
+changes) is read with :class:`LaggedRead` on a GPU: its copy is queued now, its value taken after the next step is
+queued, so the device never idles on it (``SpeculationStats.lagged_reads``, not ``host_syncs``).
 """
 
 from __future__ import annotations
@@ -30,3 +34,34 @@ def upload(values, device: torch.device, dtype: torch.dtype = torch.long) -> tor
     if torch.device(device).type != "cuda":
         return torch.tensor(values, dtype=dtype, device=device)
     return torch.tensor(values, dtype=dtype).pin_memory().to(device, non_blocking=True)
+
+
+def lags_reads(device: torch.device) -> bool:
+    """Whether the loop reads its per-draft stop flag one draft late (:class:`LaggedRead`): on CUDA, where an
+    immediate read stalls the device every drafted position; on CPU a read costs no wait and the late stop would cost
+    a drafter step, so the flag is read at once."""
+    return torch.device(device).type == "cuda"
+
+
+class LaggedRead:
+    """A 0-d device value read later: on CUDA its copy goes to pinned memory behind the work queued so far
+    (``non_blocking``, an event recorded), and :meth:`value` waits only for that copy; on CPU the value as it is
+    now. Counted in ``stats.lagged_reads`` when taken."""
+
+    def __init__(self, tensor: torch.Tensor, stats=None):
+        self.stats, self.event = stats, None
+        if tensor.device.type == "cuda":
+            self.host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            self.host.copy_(tensor, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = tensor.clone()
+
+    def value(self):
+        """The value (a Python scalar), waiting for its copy only (the work queued after it goes on)."""
+        if self.event is not None:
+            self.event.synchronize()
+        if self.stats is not None:
+            self.stats.lagged_reads += 1
+        return self.host.item()

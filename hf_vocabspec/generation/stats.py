@@ -43,6 +43,7 @@ class SpeculationStats:
     realign_seconds: float = 0.0  # batched loop: cache realignment and row compaction
     host_syncs: int = 0  # device-to-host reads of the loop (rounds and plain steps; generation/host.py)
     setup_syncs: int = 0  # device-to-host reads made once per call (prompt layout, EOS ids, final counters)
+    lagged_reads: int = 0  # the confidence stop's flag read one draft late on a GPU (host.LaggedRead: no device stall)
     decisions: list[str] = field(default_factory=list)  # batched "auto": each switch and its measured evidence
     per_round_accepted: list[int] = field(default_factory=list)
     per_round_proposed: list[int] = field(default_factory=list)
