@@ -33,12 +33,12 @@ __all__ = [
     "TrimmedDrafterConfig",
     "VocabularyMapError",
     "check_batched_speculation",
-    "check_compile_draft_step",
     "check_confidence_threshold",
     "check_constrain_drafts",
     "capped_draft_length",
     "check_draft_length",
     "check_drafting_settings",
+    "check_switch",
     "check_weight_quantization",
     "DRAFTER_SETTINGS",
     "drafter_setting_error",
@@ -227,11 +227,12 @@ class TrimmedDrafterConfig(PreTrainedConfig):
         return AutoConfig.for_model(cfg.pop("model_type"), **cfg)
 
 
-def check_compile_draft_step(value: object, *, fix: str = "set drafter.compile_draft_step = True or False") -> bool:
-    """Refuse a ``compile_draft_step`` that is not True or False (an edited config.json, a typo'd switch)."""
+def check_switch(name: str, value: object, fix: str) -> bool:
+    """Refuse an on/off setting ``name`` that is not True or False (an edited config file, a typo'd switch), in one
+    line ending with ``fix``."""
     if isinstance(value, bool):
         return value
-    raise ValueError(f"compile_draft_step must be True or False (got {value!r}): {fix}.")
+    raise ValueError(f"{name} must be True or False (got {value!r}): {fix}.")
 
 
 def check_weight_quantization(value: object) -> str | None:
@@ -292,10 +293,7 @@ def check_drafting_settings(config, where: str = "{}") -> None:
 def check_constrain_drafts(value: object) -> bool:
     """``drafter.generation_config.constrain_drafts``: True or False (whether a grammar among the call's processors
     also guides the drafts, through the drafter's own copy of it)."""
-    if not isinstance(value, bool):
-        raise ValueError(f"constrain_drafts must be True or False (got {value!r}): set "
-                         "drafter.generation_config.constrain_drafts = True or False.")
-    return value
+    return check_switch("constrain_drafts", value, "set drafter.generation_config.constrain_drafts = True or False")
 
 
 # Drafter-only settings: where each lives (what generate() refuses to take, since transformers would only call it an

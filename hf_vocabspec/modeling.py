@@ -36,8 +36,8 @@ from .configuration import (
     TrimmedDrafterConfig,
     VocabularyMapError,
     check_batched_speculation,
-    check_compile_draft_step,
     check_drafting_settings,
+    check_switch,
     check_weight_quantization,
 )
 
@@ -351,7 +351,8 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
 
     @compile_draft_step.setter
     def compile_draft_step(self, value) -> None:
-        self.config.compile_draft_step = check_compile_draft_step(value)
+        self.config.compile_draft_step = check_switch("compile_draft_step", value,
+                                                      "set drafter.compile_draft_step = True or False")
 
     @property
     def use_rdk(self):
@@ -665,8 +666,8 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
         model.validate_vocab_map()
         model.validate_rdk_buffers()  # a kernel announced in config must be present and sound
         model.validate_context_head(info.get("missing_keys", ()))  # kept pruned rows announced in config: present, sound
-        check_compile_draft_step(model.compile_draft_step, fix=f"set \"compile_draft_step\": true or false in "
-                                 f"config.json of the drafter in {os.fspath(where)!r}, or re-save the drafter")
+        check_switch("compile_draft_step", model.compile_draft_step, f"set \"compile_draft_step\": true or false in "
+                     f"config.json of the drafter in {os.fspath(where)!r}, or re-save the drafter")
         scheme = check_weight_quantization(getattr(model.config, "weight_quantization", None))
         if scheme is not None:
             model.quantize_weights(scheme, _loading=True)
