@@ -10,7 +10,7 @@ vs 1.2-1.7 ms) with identical results.
 
 How: :func:`fast_linears` swaps the ``forward`` of every plain ``nn.Linear`` of the given models while the block
 runs (restored in ``finally``). Nothing is assumed about the machine: for every (dtype, weight shape, bias, rows
-bucket (:func:`rows_bucket`), torch threads) the first calls run ``F.linear`` and the packed kernel in turn on the
+count (:func:`rows_bucket`: exact up to 16), torch threads) the first calls run ``F.linear`` and the packed kernel in turn on the
 real data, timed (the trials do the real work), and the packed kernel is kept only if its median beats ``F.linear``
 by ``MARGIN`` (at once after ``EARLY`` calls each where their times do not overlap). A module's
 packed weight is made on its first use and kept, keyed by the weight's storage and version (a changed weight is
@@ -54,8 +54,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["MARGIN", "MAX_ROWS", "MEMORY_SHARE", "TRIALS", "FastLinears", "KernelChoice", "KernelKey", "available",
-           "choices", "fast_linears", "packed_linear", "release", "rows_bucket", "wants_fast_linears"]
+__all__ = ["EXACT_ROWS", "MARGIN", "MAX_ROWS", "MEMORY_SHARE", "TRIALS", "FastLinears", "KernelChoice", "KernelKey",
+           "available", "choices", "fast_linears", "packed_linear", "release", "rows_bucket", "wants_fast_linears"]
 
 MAX_ROWS = 64
 # Timed calls per candidate (after one untimed call each) before choosing by median, and the speed-up the packed
@@ -132,7 +132,7 @@ class KernelChoice:
 
 
 _CHOICES: dict[KernelKey, KernelChoice] = {}
-# The per-call fast path: (dtype, out, in, bias, rows bucket, threads) -> the kernel chosen for that KernelKey (a plain
+# The per-call fast path: (dtype, out, in, bias, rows_bucket(rows), threads) -> the kernel chosen for that KernelKey (a plain
 # tuple: building and hashing a KernelKey on every call of every layer cost more than some small layers' matmuls).
 _DECIDED: dict[tuple, str] = {}
 _LOCK = threading.Lock()
@@ -185,11 +185,19 @@ def _run(name: str, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, module.weight, module.bias)
 
 
+# Row counts up to this are keyed as they are; longer forwards share a choice per power of two.
+EXACT_ROWS = 16
+
+
 def rows_bucket(rows: int) -> int:
-    """The row count a choice is keyed by: 1 and 2 as they are, then the next power of two (3-4, 5-8, ..., 33-64).
-    A verify's width varies round by round (L + 1, fewer near the end, more with forced drafts); one choice per
-    bucket is trialled once instead of once per width (measured: the packed kernel's lead holds across 2-16 rows)."""
-    return rows if rows <= 2 else 1 << (rows - 1).bit_length()
+    """The row count a choice is keyed by: the count itself up to ``EXACT_ROWS`` (decode, a verify of L + 1
+    positions), then the next power of two (17-32, 33-64). Why exact: a choice shared by several counts was trialled
+    on whichever came first, and kernels do not rank the same across counts. Measured on machine D (Intel Xeon,
+    AVX-512 BF16 + AMX, 2026-11-29, fp32 Qwen2.5-Coder-1.5B in the model): ``F.linear`` won the trial on 3 rows but
+    cost about twice as much on 4 rows as on 3, so a 3-4 bucket trialled on 3 rows ran every
+    4-row verify at 1.8x a decode step (491 ms; 296 ms keyed by the exact count). A new count costs one forward of
+    trials (every layer of a shape shares its key), paid once per process."""
+    return rows if rows <= EXACT_ROWS else 1 << (rows - 1).bit_length()
 
 
 def packed_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:

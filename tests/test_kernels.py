@@ -93,15 +93,42 @@ def test_a_clear_choice_is_made_early_and_an_unclear_one_by_medians():
     assert _trial({"linear": [10] * 5, "packed": [4] * 5}, early=None) == ("packed", 10)
 
 
-def test_rows_share_a_choice_by_bucket():
-    assert [kernels.rows_bucket(r) for r in (1, 2, 3, 4, 5, 8, 9, 16, 17, 64)] == [1, 2, 4, 4, 8, 8, 16, 16, 32, 64]
+def test_rows_are_keyed_exactly_up_to_16_then_share_a_choice_by_bucket():
+    assert [kernels.rows_bucket(r) for r in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64)] == [
+        1, 2, 3, 4, 5, 8, 9, 16, 32, 32, 64, 64]
     kernels.forget_choices()
     layer = nn.Linear(16, 8)
     with torch.no_grad(), kernels.fast_linears(layer):
-        for rows in (5, 6, 7, 8):
+        for rows in (3, 4, 17, 20, 32):
             layer(torch.randn(rows, 16))
-    assert [c.key.rows for c in kernels.choices()] == [8]
+    # 3 and 4 rows each get their own trial (a choice made on 3 rows is not imposed on 4); 17-32 share one
+    assert sorted(c.key.rows for c in kernels.choices()) == [3, 4, 32]
     kernels.forget_choices()
+
+
+def test_a_choice_for_one_count_is_not_used_for_another(monkeypatch):
+    # the kept kernel of 3 rows must not decide 4 rows: a slow F.linear on 4 rows alone is found by 4 rows' trial
+    kernels.forget_choices()
+    layer = nn.Linear(16, 8)
+    real = kernels._run
+    ticks = iter(range(10**6))
+
+    def run(name, module, x):  # F.linear "fast" on 3 rows, "slow" on 4 (time moves by the fake clock)
+        out = real(name, module, x)
+        rows = x.shape[0]
+        slow = (name == "linear") == (rows == 4)
+        for _ in range(100 if slow else 1):
+            next(ticks)
+        return out
+
+    monkeypatch.setattr(kernels, "_run", run)
+    monkeypatch.setattr(kernels.time, "perf_counter", lambda: next(ticks) * 1e-3)
+    with torch.no_grad(), kernels.fast_linears(layer):
+        for rows in (3,) * 12 + (4,) * 12:
+            layer(torch.randn(rows, 16))
+    chosen = {c.key.rows: c.chosen for c in kernels.choices()}
+    kernels.forget_choices()
+    assert chosen == {3: "linear", 4: "packed"}
 
 
 def test_skipped_where_it_cannot_apply(packed):
