@@ -46,7 +46,7 @@ import statistics
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
@@ -55,7 +55,8 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["EXACT_ROWS", "MARGIN", "MAX_ROWS", "MEMORY_SHARE", "TRIALS", "FastLinears", "KernelChoice", "KernelKey",
-           "available", "choices", "fast_linears", "packed_linear", "release", "rows_bucket", "wants_fast_linears"]
+           "available", "choices", "fast_linears", "packed_linear", "release", "rows_bucket", "settle_choices",
+           "wants_fast_linears"]
 
 MAX_ROWS = 64
 # Timed calls per candidate (after one untimed call each) before choosing by median, and the speed-up the packed
@@ -200,6 +201,48 @@ def rows_bucket(rows: int) -> int:
     return rows if rows <= EXACT_ROWS else 1 << (rows - 1).bit_length()
 
 
+def _fast_key(module: nn.Linear, rows: int) -> tuple:
+    """The per-call key of ``_DECIDED``: (dtype, out, in, bias, rows_bucket(rows), threads)."""
+    weight = module.weight
+    return (weight.dtype, weight.shape[0], weight.shape[1], module.bias is not None, rows_bucket(rows),
+            torch.get_num_threads())
+
+
+def _choice(module: nn.Linear, rows: int) -> KernelChoice | None:
+    fast = _fast_key(module, rows)
+    return _CHOICES.get(KernelKey("cpu", str(fast[0]).removeprefix("torch."), *fast[1:]))
+
+
+def _decided(module: nn.Linear, rows: int) -> bool:
+    choice = _choice(module, rows)
+    return choice is not None and choice.chosen is not None
+
+
+def settle_choices(model: nn.Module, rows: Iterable[int], *, max_forwards: int = 8) -> int:
+    """Make the kernel choices of ``model``'s linear layers for every count in ``rows`` now, with forwards of that
+    many positions (outputs discarded; at most ``max_forwards`` per count), so that later calls run their steady
+    kernels. For benchmarks: a count's trials run its slower kernel a few times, once per process, and in a short
+    timed run those calls would show (one forward of a count usually decides every layer of it: layers of a shape
+    share a key). Returns the forwards run."""
+    vocab = model.get_input_embeddings().weight.shape[0]
+    runs = 0
+    with torch.no_grad(), fast_linears(model):
+        # the layers this block (or one around it) runs through the fast linears; none where the copies do not fit
+        layers = [m for m in model.modules()
+                  if type(m) is nn.Linear and getattr(m.__dict__.get("forward"), "__func__", None) is _forward]
+        for count in rows:
+            ids = torch.arange(count, device=model.device)[None] % vocab
+            left = [m for m in layers if not _decided(m, count)]
+            for _ in range(max_forwards if left else 0):
+                model(input_ids=ids, use_cache=False)
+                runs += 1
+                # (a layer that a forward of ``count`` positions does not reach has no trial: not waited for)
+                left = [m for m in left if not _decided(m, count) and _choice(m, count) is not None]
+                if not left:
+                    break
+    return runs
+
+
 def packed_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``module(x)`` with the kernel measured fastest for its key (trials while undecided)."""
     weight = module.weight
@@ -209,8 +252,7 @@ def packed_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         or (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
     ):
         return F.linear(x, weight, module.bias)
-    fast = (weight.dtype, weight.shape[0], weight.shape[1], module.bias is not None, rows_bucket(rows),
-            torch.get_num_threads())
+    fast = _fast_key(module, rows)
     name = _DECIDED.get(fast)
     if name is not None:
         return _run(name, module, x)

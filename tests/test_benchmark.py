@@ -191,3 +191,25 @@ def test_bench_command_end_to_end_writes_results_and_plots(cli_model, tmp_path, 
     assert len(report["runs"]) == 1 and report["runs"][0]["prompts"] == 1
     assert any(name.startswith("trimmed k=") for name in report["runs"][0]["methods"])
     assert "target only" in (out / "results.md").read_text()
+
+
+def test_kernel_choices_for_every_verify_width_are_made_in_the_warm_up():
+    """A timed call must not pay kernel trials: the warm-up settles the target's choices for 1..16 rows (a
+    target-only call alone only ever sees the prompt's rows and 1)."""
+    from torch import nn
+
+    from hf_vocabspec import kernels
+
+    if not kernels.available():
+        pytest.skip("this torch build has no oneDNN")
+    target, _ = make_pair("gemma3", seed=3)
+    kernels.forget_choices()
+    try:
+        compare_methods(target, [Method("target only (fast linears)", fast_linears=True)], PROMPTS[:1],
+                        max_new_tokens=3, generate_kwargs={"do_sample": False})
+        decided = {(c.key.out_features, c.key.in_features, c.key.rows) for c in kernels.choices()
+                   if c.chosen is not None}
+    finally:
+        kernels.forget_choices()
+    shapes = {(m.out_features, m.in_features) for m in target.modules() if type(m) is nn.Linear}
+    assert decided >= {(*shape, rows) for shape in shapes for rows in range(1, kernels.EXACT_ROWS + 1)}

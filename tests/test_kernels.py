@@ -131,6 +131,29 @@ def test_a_choice_for_one_count_is_not_used_for_another(monkeypatch):
     assert chosen == {3: "linear", 4: "packed"}
 
 
+def test_settle_choices_decides_every_layer_at_each_count_before_timing():
+    target, _ = make_pair()
+    kernels.forget_choices()
+    shapes = {(m.out_features, m.in_features, m.bias is not None) for m in target.modules() if type(m) is nn.Linear}
+    ran = kernels.settle_choices(target, [1, 3])
+    decided = {(c.key.out_features, c.key.in_features, c.key.bias, c.key.rows) for c in kernels.choices()
+               if c.chosen is not None}
+    assert ran >= 2
+    assert decided == {(*shape, rows) for shape in shapes for rows in (1, 3)}
+    assert kernels.settle_choices(target, [1, 3]) == 0  # settled: no more forwards
+    assert all("forward" not in m.__dict__ for m in target.modules())  # the swap is restored
+    kernels.forget_choices()
+
+
+def test_settle_choices_runs_nothing_where_the_copies_do_not_fit(monkeypatch):
+    target, _ = make_pair()
+    kernels.forget_choices()
+    kernels.release()
+    monkeypatch.setattr(kernels, "_available_bytes", lambda: 1000)
+    assert kernels.settle_choices(target, [1, 2]) == 0
+    assert kernels.choices() == []
+
+
 def test_skipped_where_it_cannot_apply(packed):
     layer = nn.Linear(16, 8)
     with kernels.fast_linears(layer):
