@@ -56,7 +56,7 @@ from torch import nn
 
 __all__ = ["EXACT_ROWS", "MARGIN", "MAX_ROWS", "MEMORY_SHARE", "TRIALS", "FastLinears", "KernelChoice", "KernelKey",
            "available", "choices", "fast_linears", "packed_linear", "release", "rows_bucket", "settle_choices",
-           "wants_fast_linears"]
+           "trials_run", "wants_fast_linears"]
 
 MAX_ROWS = 64
 # Timed calls per candidate (after one untimed call each) before choosing by median, and the speed-up the packed
@@ -115,6 +115,7 @@ class KernelChoice:
         beats ``F.linear`` by ``margin``, else ``F.linear``. With ``early``: once every candidate has ``early``
         timed calls, decide at once where the times do not overlap (the same answer the medians would give)."""
         self.timings_ms[name].append(ms)
+        _count_trial()
         if self.chosen is not None:
             return
         counts = [len(t) for t in self.timings_ms.values()]
@@ -130,6 +131,22 @@ class KernelChoice:
                 self.chosen = best
             elif all(min(t) >= margin * max(linear) for t in others.values()):
                 self.chosen = "linear"
+
+
+# Calls that ran a kernel trial (an untimed first call or a timed one) in this process, in either timed-kernel path
+# (the fast linears, the verify head): whoever times its own work (the auto rule's measurements) skips a span in
+# which this moved, since a trial runs the slower kernel.
+_TRIALS_RUN = 0
+
+
+def trials_run() -> int:
+    """Kernel trial calls made in this process so far (fast linears and verify head)."""
+    return _TRIALS_RUN
+
+
+def _count_trial() -> None:
+    global _TRIALS_RUN
+    _TRIALS_RUN += 1
 
 
 _CHOICES: dict[KernelKey, KernelChoice] = {}
@@ -280,6 +297,7 @@ def packed_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     out = _run(name, module, x)
     elapsed = (time.perf_counter() - start) * 1e3
     if not warm:  # a kernel's first call for a shape builds its primitive (oneDNN JIT): not its steady cost
+        _count_trial()
         return out
     with _LOCK:
         choice.record(name, elapsed, TRIALS, MARGIN, EARLY)

