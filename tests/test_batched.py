@@ -385,15 +385,20 @@ def test_auto_remembers_its_measurements_for_the_next_calls():
     assert decisions and decisions[0].startswith("after 0 rounds, 0 plain steps:") and "earlier calls" in decisions[0]
 
 
-def test_auto_does_not_measure_an_iteration_that_compiled(monkeypatch):
-    """With compiled draft steps an iteration that compiles a graph (the first of each step shape) takes seconds:
-    the auto rule keeps no measurement of it (else it would judge speculation by its compiles and remember that).
-    Power: with the counter still, the same call measures."""
+@pytest.mark.parametrize("counter_name", ["compiled_graphs", "trials_run"])
+def test_auto_does_not_measure_an_iteration_that_compiled_or_ran_kernel_trials(monkeypatch, counter_name):
+    """An iteration that compiles a graph (compiled draft steps: the first of each step shape) takes seconds, and one
+    in which the fast linears or the verify head trialled kernels ran their slower candidates (a process's first
+    calls, where a speculative round's new verify widths are trialled): the auto rule keeps no measurement of either
+    (else it would judge speculation by them and remember that). Power: with the counter still, the same call
+    measures."""
     target, drafter = _pair("llama", speculation="auto")
     ids, mask = _batch([5, 9, 3])
     ref = _reference(target, ids, mask, max_new_tokens=12)
-    monkeypatch.setattr(drafter, "compile_draft_step", True, raising=False)
-    monkeypatch.setattr(draft_step, "compiled_call", lambda module, options: module)  # "compiled": the eager body
+    compiled = counter_name == "compiled_graphs"
+    if compiled:
+        monkeypatch.setattr(drafter, "compile_draft_step", True, raising=False)
+        monkeypatch.setattr(draft_step, "compiled_call", lambda module, options: module)  # "compiled": eager body
     kept = []
     keep = engine._Memory.keep
     monkeypatch.setattr(engine._Memory, "keep", lambda self, setting, measured: (kept.append(list(measured)),
@@ -401,32 +406,10 @@ def test_auto_does_not_measure_an_iteration_that_compiled(monkeypatch):
     tick = iter(range(10**6))
     for counter, measures in ((lambda: next(tick), False), (lambda: 7, True)):
         engine._MEMORIES.pop(drafter, None)
-        monkeypatch.setattr(engine, "compiled_graphs", counter)
+        monkeypatch.setattr(engine, counter_name, counter)
         out = target.generate(input_ids=ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=12,
                               do_sample=False)
-        assert _rows(out, ids.shape[1], EOS) == ref and drafter.last_speculation_stats.compiled_draft
-        assert bool(kept[-1]) == measures, kept[-1]
-
-
-def test_auto_does_not_measure_an_iteration_that_ran_kernel_trials(monkeypatch):
-    """An iteration in which the fast linears or the verify head trialled kernels ran their slower candidates: the
-    auto rule keeps no measurement of it (else a process's first calls, where a speculative round's new verify widths
-    are trialled, would judge speculation by its trials and remember that). Power: with the counter still, the same
-    call measures."""
-    target, drafter = _pair("llama", speculation="auto")
-    ids, mask = _batch([5, 9, 3])
-    ref = _reference(target, ids, mask, max_new_tokens=12)
-    kept = []
-    keep = engine._Memory.keep
-    monkeypatch.setattr(engine._Memory, "keep", lambda self, setting, measured: (kept.append(list(measured)),
-                                                                                   keep(self, setting, measured)))
-    tick = iter(range(10**6))
-    for counter, measures in ((lambda: next(tick), False), (lambda: 7, True)):
-        engine._MEMORIES.pop(drafter, None)
-        monkeypatch.setattr(engine, "trials_run", counter)
-        out = target.generate(input_ids=ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=12,
-                              do_sample=False)
-        assert _rows(out, ids.shape[1], EOS) == ref
+        assert _rows(out, ids.shape[1], EOS) == ref and drafter.last_speculation_stats.compiled_draft == compiled
         assert bool(kept[-1]) == measures, kept[-1]
 
 
