@@ -225,14 +225,13 @@ def _fast_key(module: nn.Linear, rows: int) -> tuple:
             torch.get_num_threads())
 
 
+def _kernel_key(fast: tuple) -> KernelKey:
+    """The :class:`KernelKey` of a ``_fast_key`` tuple."""
+    return KernelKey("cpu", str(fast[0]).removeprefix("torch."), *fast[1:])
+
+
 def _choice(module: nn.Linear, rows: int) -> KernelChoice | None:
-    fast = _fast_key(module, rows)
-    return _CHOICES.get(KernelKey("cpu", str(fast[0]).removeprefix("torch."), *fast[1:]))
-
-
-def _decided(module: nn.Linear, rows: int) -> bool:
-    choice = _choice(module, rows)
-    return choice is not None and choice.chosen is not None
+    return _CHOICES.get(_kernel_key(_fast_key(module, rows)))
 
 
 def settle_choices(model: nn.Module, rows: Iterable[int], *, max_forwards: int = 8) -> int:
@@ -250,7 +249,7 @@ def settle_choices(model: nn.Module, rows: Iterable[int], *, max_forwards: int =
         touched = False
         for count in rows:
             ids = torch.arange(count, device=model.device)[None] % vocab
-            left = [m for m in layers if not _decided(m, count)]
+            left = [m for m in layers if getattr(_choice(m, count), "chosen", None) is None]
             if left and not touched:  # first a forward the fast linears leave to F.linear (more than MAX_ROWS
                 # positions, as a prompt's prefill): every weight is read once before any trial times it. Loaded
                 # weights may be pages of the checkpoint not yet read (safetensors maps the file): measured on
@@ -262,7 +261,7 @@ def settle_choices(model: nn.Module, rows: Iterable[int], *, max_forwards: int =
                 model(input_ids=ids, use_cache=False)
                 runs += 1
                 # (a layer that a forward of ``count`` positions does not reach has no trial: not waited for)
-                left = [m for m in left if not _decided(m, count) and _choice(m, count) is not None]
+                left = [m for m in left if (c := _choice(m, count)) is not None and c.chosen is None]
                 if not left:
                     break
     return runs
@@ -281,7 +280,7 @@ def packed_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     name = _DECIDED.get(fast)
     if name is not None:
         return _run(name, module, x)
-    key = KernelKey("cpu", str(weight.dtype).removeprefix("torch."), *fast[1:])
+    key = _kernel_key(fast)
     choice = _CHOICES.get(key)
     if choice is not None and choice.chosen is not None:
         _DECIDED[fast] = choice.chosen

@@ -154,6 +154,22 @@ def test_settle_choices_runs_nothing_where_the_copies_do_not_fit(monkeypatch):
     assert kernels.choices() == []
 
 
+def test_the_trial_counter_moves_with_trials_and_stops_once_decided():
+    kernels.forget_choices()
+    layer = nn.Linear(16, 8)
+    before = kernels.trials_run()
+    try:
+        with torch.no_grad(), kernels.fast_linears(layer):
+            for _ in range(2 * (kernels.TRIALS + 1)):
+                layer(torch.randn(3, 16))
+            moved = kernels.trials_run()
+            assert moved > before and all(c.chosen is not None for c in kernels.choices())
+            layer(torch.randn(3, 16))  # decided: no trial
+            assert kernels.trials_run() == moved
+    finally:
+        kernels.forget_choices()
+
+
 def test_skipped_where_it_cannot_apply(packed):
     layer = nn.Linear(16, 8)
     with kernels.fast_linears(layer):
