@@ -305,6 +305,7 @@ DRAFTER_SETTINGS = {
     "use_verify_head": "drafter.use_verify_head",
     "use_rdk": "drafter.use_rdk",
     "use_fast_linears": "drafter.use_fast_linears",
+    "use_int8_copies": "drafter.use_int8_copies",
     "compile_draft_step": "drafter.compile_draft_step",
     "weight_quantization": "drafter.quantize_weights",
 }

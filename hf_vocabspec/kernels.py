@@ -17,6 +17,9 @@ packed weight is made on its first use and kept, keyed by the weight's storage a
 packed again), so later generate calls pay nothing; :func:`release` drops them (the packed copy costs as much
 memory as the weight itself).
 
+A drafter's layers (``fast_linears(..., draft=...)``) have one more candidate, their weight-only int8 copy
+(``DRAFT_CANDIDATES``, for forwards of up to ``QUANTIZED_MAX_ROWS`` rows): see there why, and why only a drafter's.
+
 Exactness: the packed kernel sums in another order than ``F.linear`` (~1e-6 relative in float32; bf16 measured
 identical), the same order of difference as between transformers' own verify and decode forwards, which already
 use different kernels. Skipped (the original ``F.linear`` runs): other devices than CPU, dtypes other than
@@ -54,9 +57,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["EXACT_ROWS", "MARGIN", "MAX_ROWS", "MEMORY_SHARE", "TRIALS", "FastLinears", "KernelChoice", "KernelKey",
+from .modeling import QUANTIZED_MAX_ROWS, quantization_ops_available, quantize_weight
+
+__all__ = ["DRAFT_CANDIDATES", "EXACT_ROWS", "MARGIN", "MAX_ROWS", "MEMORY_SHARE", "TRIALS", "FastLinears", "KernelChoice", "KernelKey",
            "available", "choices", "fast_linears", "packed_linear", "release", "rows_bucket", "settle_choices",
-           "trials_run", "wants_fast_linears"]
+           "trials_run", "wants_fast_linears", "wants_int8_copies"]
 
 MAX_ROWS = 64
 # Timed calls per candidate (after one untimed call each) before choosing by median, and the speed-up the packed
@@ -68,6 +73,14 @@ EARLY = 2
 MARGIN = 0.9
 _DTYPES = (torch.float32, torch.bfloat16)
 CANDIDATES = ("linear", "packed")
+# A drafter's layers (``fast_linears(..., draft=...)``) also trial a weight-only int8 copy of the weight, for forwards
+# of up to QUANTIZED_MAX_ROWS rows (what a draft step runs). Only for a drafter: the copy's values differ from the
+# weight's (round to nearest per output row), which changes what the drafter proposes and never what is output
+# (verification judges every draft; a sampled draft's q is the law it was drawn from, whichever kernel computed
+# it). Why: a draft step of a few rows is memory-bound, and the copy is half the bytes of bf16. Measured on machine D
+# (Intel Xeon, AVX-512 BF16 + AMX, 2026-11-28), drafters with every layer int8: pair G's eager step 23 ms against
+# 31 in bf16, pair Q's 59 against 82.
+DRAFT_CANDIDATES = ("linear", "packed", "int8")
 
 
 def available() -> bool:
@@ -86,6 +99,7 @@ class KernelKey:
     bias: bool
     rows: int  # the fast linears key by :func:`rows_bucket`; the verify head by the exact count
     threads: int
+    draft: bool = False  # a drafter's layer at up to QUANTIZED_MAX_ROWS rows: the int8 copy is one more candidate
 
 
 @dataclass
@@ -94,9 +108,13 @@ class KernelChoice:
     trialling); ``"linear"`` (``F.linear``) is the original every speed-up is taken against."""
 
     key: KernelKey
-    timings_ms: dict[str, list[float]] = field(default_factory=lambda: {name: [] for name in CANDIDATES})
+    timings_ms: dict[str, list[float]] = field(default_factory=dict)  # empty: the fast linears' candidates for key
     chosen: str | None = None
     warmed: set[str] = field(default_factory=set)  # candidates whose first (untimed) call ran
+
+    def __post_init__(self) -> None:
+        if not self.timings_ms:
+            self.timings_ms = {name: [] for name in (DRAFT_CANDIDATES if self.key.draft else CANDIDATES)}
 
     def median_ms(self, name: str) -> float:
         return statistics.median(self.timings_ms[name])
@@ -156,6 +174,8 @@ _DECIDED: dict[tuple, str] = {}
 _LOCK = threading.Lock()
 # module -> (weight storage pointer, weight version, packed weight or None: cannot pack); weak so a freed model frees its copies.
 _PACKED: weakref.WeakKeyDictionary[nn.Linear, tuple[int, int, torch.Tensor | None]] = weakref.WeakKeyDictionary()
+# a drafter's module -> (weight storage pointer, weight version, its int8 copy or None: no int8 kernel), the same way.
+_INT8: weakref.WeakKeyDictionary[nn.Linear, tuple] = weakref.WeakKeyDictionary()
 
 
 def choices() -> list[KernelChoice]:
@@ -172,13 +192,16 @@ def forget_choices() -> None:
 
 
 def release(model: nn.Module | None = None) -> None:
-    """Drop the packed copies of ``model``'s linear layers (of every model when None) to free their memory."""
+    """Drop the packed (and int8) copies of ``model``'s linear layers (of every model when None) to free their
+    memory."""
     with _LOCK:
         if model is None:
             _PACKED.clear()
+            _INT8.clear()
             return
         for module in model.modules():
             _PACKED.pop(module, None)
+            _INT8.pop(module, None)
 
 
 def _packed(module: nn.Linear) -> torch.Tensor | None:
@@ -195,11 +218,31 @@ def _packed(module: nn.Linear) -> torch.Tensor | None:
     return packed
 
 
+def _int8(module: nn.Linear):
+    """The module's weight-only int8 copy (``modeling.quantize_weight``: the one home of the quantization), made on
+    first use and kept like the packed copy (None: this torch has no int8 kernel)."""
+    weight = module.weight
+    stamp = (weight.data_ptr(), weight._version)
+    entry = _INT8.get(module)
+    if entry is not None and entry[:2] == stamp:
+        return entry[2]
+    copy = quantize_weight(weight, "int8")[0] if quantization_ops_available("int8") else None
+    _INT8[module] = (*stamp, copy)
+    return copy
+
+
 def _run(name: str, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if name == "packed":
         packed = _packed(module)
         if packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, packed, module.bias, "none", [], "")
+    elif name == "int8":
+        q = _int8(module)
+        if q is not None:
+            flat = x.reshape(-1, x.shape[-1])
+            y = torch.ops.aten._weight_int8pack_mm(flat.contiguous(), q.weight, q.scales)
+            y = y.reshape(*x.shape[:-1], y.shape[-1])
+            return y if module.bias is None else y + module.bias
     return F.linear(x, module.weight, module.bias)
 
 
@@ -218,11 +261,12 @@ def rows_bucket(rows: int) -> int:
     return rows if rows <= EXACT_ROWS else 1 << (rows - 1).bit_length()
 
 
-def _fast_key(module: nn.Linear, rows: int) -> tuple:
-    """The per-call key of ``_DECIDED``: (dtype, out, in, bias, rows_bucket(rows), threads)."""
+def _fast_key(module: nn.Linear, rows: int, draft: bool = False) -> tuple:
+    """The per-call key of ``_DECIDED``: (dtype, out, in, bias, rows_bucket(rows), threads, draft) where ``draft``
+    says the int8 copy is a candidate (a drafter's layer, a forward of at most QUANTIZED_MAX_ROWS rows)."""
     weight = module.weight
     return (weight.dtype, weight.shape[0], weight.shape[1], module.bias is not None, rows_bucket(rows),
-            torch.get_num_threads())
+            torch.get_num_threads(), draft and rows <= QUANTIZED_MAX_ROWS)
 
 
 def _kernel_key(fast: tuple) -> KernelKey:
@@ -231,7 +275,11 @@ def _kernel_key(fast: tuple) -> KernelKey:
 
 
 def _choice(module: nn.Linear, rows: int) -> KernelChoice | None:
-    return _CHOICES.get(_kernel_key(_fast_key(module, rows)))
+    return _CHOICES.get(_kernel_key(_fast_key(module, rows, _is_draft(module))))
+
+
+def _is_draft(module: nn.Linear) -> bool:
+    return getattr(module.__dict__.get("forward"), "__func__", None) is _draft_forward
 
 
 def settle_choices(model: nn.Module, rows: Iterable[int], *, max_forwards: int = 8) -> int:
@@ -245,7 +293,7 @@ def settle_choices(model: nn.Module, rows: Iterable[int], *, max_forwards: int =
     with torch.no_grad(), fast_linears(model):
         # the layers this block (or one around it) runs through the fast linears; none where the copies do not fit
         layers = [m for m in model.modules()
-                  if type(m) is nn.Linear and getattr(m.__dict__.get("forward"), "__func__", None) is _forward]
+                  if type(m) is nn.Linear and getattr(m.__dict__.get("forward"), "__func__", None) in _FORWARDS]
         touched = False
         for count in rows:
             ids = torch.arange(count, device=model.device)[None] % vocab
@@ -267,8 +315,9 @@ def settle_choices(model: nn.Module, rows: Iterable[int], *, max_forwards: int =
     return runs
 
 
-def packed_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``module(x)`` with the kernel measured fastest for its key (trials while undecided)."""
+def packed_linear(module: nn.Linear, x: torch.Tensor, draft: bool = False) -> torch.Tensor:
+    """``module(x)`` with the kernel measured fastest for its key (trials while undecided); ``draft`` (a drafter's
+    layer): the int8 copy is a candidate too, for forwards of up to QUANTIZED_MAX_ROWS rows."""
     weight = module.weight
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if (
@@ -276,7 +325,7 @@ def packed_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         or (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
     ):
         return F.linear(x, weight, module.bias)
-    fast = _fast_key(module, rows)
+    fast = _fast_key(module, rows, draft)
     name = _DECIDED.get(fast)
     if name is not None:
         return _run(name, module, x)
@@ -292,6 +341,8 @@ def packed_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         choice.warmed.add(name)
         if name == "packed":
             _packed(module)  # packing is a one-off per module: not part of the kernel's time
+        elif name == "int8":
+            _int8(module)
     start = time.perf_counter()
     out = _run(name, module, x)
     elapsed = (time.perf_counter() - start) * 1e3
@@ -305,6 +356,13 @@ def packed_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return packed_linear(self, x)
+
+
+def _draft_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return packed_linear(self, x, True)
+
+
+_FORWARDS = (_forward, _draft_forward)
 
 
 def _eligible(module: nn.Module) -> bool:
@@ -331,57 +389,76 @@ def _available_bytes() -> int | None:
 
 @dataclass
 class FastLinears:
-    """What a :func:`fast_linears` block did: layers swapped, and why the others (or all) run ``F.linear`` ("" when
-    none is left out; stats and benches report it)."""
+    """What a :func:`fast_linears` block did: layers swapped, how many of them are a drafter's (the int8 copy among
+    their candidates), and why the others (or all) run ``F.linear`` ("" when none is left out; stats and benches
+    report it)."""
 
     layers: int = 0
     reason: str = ""
+    draft_layers: int = 0
 
     def __str__(self) -> str:
         if not self.layers:
             return f"F.linear ({self.reason})"
-        return f"fast linears on {self.layers} layers" + (f" (the rest F.linear: {self.reason})" if self.reason else "")
+        draft = f", the drafter's {self.draft_layers} with int8 copies as candidates" if self.draft_layers else ""
+        return (f"fast linears on {self.layers} layers{draft}"
+                + (f" (the rest F.linear: {self.reason})" if self.reason else ""))
+
+
+def _copy_bytes(module: nn.Linear, draft: bool) -> int:
+    """Memory the copies not yet made of ``module`` will take: packed (the weight's size), int8 (a byte a value)."""
+    weight = module.weight
+    more = 0 if module in _PACKED else weight.numel() * weight.element_size()
+    return more + (weight.numel() if draft and module not in _INT8 else 0)
 
 
 @contextmanager
-def fast_linears(*models: nn.Module, enabled: bool = True) -> Iterator[FastLinears]:
+def fast_linears(*models: nn.Module, enabled: bool = True, draft: Iterable[nn.Module] = (),
+                 int8: bool = True) -> Iterator[FastLinears]:
     """Within the block, every eligible ``nn.Linear`` of ``models`` runs :func:`packed_linear`; restored on exit
     (also on errors). Yields a :class:`FastLinears` report. Nothing is swapped when disabled or when this torch has
-    no oneDNN; a model whose packed copies not yet made would take the ones before it past ``MEMORY_SHARE`` of
-    available memory keeps ``F.linear`` (whole models, in the order given; the report says so)."""
-    swapped: list[nn.Linear] = []
+    no oneDNN; a model whose copies not yet made would take the ones before it past ``MEMORY_SHARE`` of available
+    memory keeps ``F.linear`` (whole models, in the order given; the report says so).
+
+    ``draft``: the drafter's modules (also swapped, after ``models``; a layer already listed in ``models`` stays
+    theirs). With ``int8`` (a drafter's ``use_int8_copies``), their forwards of up to QUANTIZED_MAX_ROWS rows also
+    trial a weight-only int8 copy (``DRAFT_CANDIDATES``), which changes what the drafter proposes, never what is
+    output. Never pass a target as ``draft``."""
+    swapped: list[tuple[nn.Linear, bool]] = []
     report = FastLinears(reason="" if enabled else "off")
+    int8 = int8 and quantization_ops_available("int8")
     if enabled and not available():
         report.reason = "this torch build has no oneDNN packed kernels"
     elif enabled:
         seen: set[int] = set()
-        per_model: list[list[nn.Linear]] = []
-        for model in models:
+        per_model: list[list[tuple[nn.Linear, bool]]] = []
+        for model, is_draft in [*((m, False) for m in models), *((m, int8) for m in draft)]:
             per_model.append([])
             for module in model.modules():
                 if id(module) not in seen and _eligible(module):
                     seen.add(id(module))
-                    per_model[-1].append(module)
+                    per_model[-1].append((module, is_draft))
         # whole models in the order given (a generate call passes the target first: its verify of several rows is
-        # where packing pays most) while their packed copies not yet made fit in MEMORY_SHARE of available memory
+        # where packing pays most) while their copies not yet made fit in MEMORY_SHARE of available memory
         free, new_bytes, left_out = _available_bytes(), 0, 0
         for layers in per_model:
-            more = sum(m.weight.numel() * m.weight.element_size() for m in layers if m not in _PACKED)
+            more = sum(_copy_bytes(m, d) for m, d in layers)
             if free is not None and new_bytes + more > MEMORY_SHARE * free:
                 left_out += more
                 continue
             new_bytes += more
             swapped += layers
         if left_out:
-            report.reason = (f"packed copies of {left_out / 2**30:.1f} GiB more would not fit in "
+            report.reason = (f"copies of {left_out / 2**30:.1f} GiB more would not fit in "
                              f"{MEMORY_SHARE:.0%} of {free / 2**30:.1f} GiB available: hf_vocabspec.kernels.release() "
                              f"frees earlier ones")
         elif not swapped:
             report.reason = "no float32/bfloat16 nn.Linear on CPU"
     report.layers = len(swapped)
+    report.draft_layers = sum(d for _, d in swapped)
     with ExitStack() as stack:
-        for module in swapped:
-            module.forward = _forward.__get__(module, nn.Linear)
+        for module, is_draft in swapped:
+            module.forward = (_draft_forward if is_draft else _forward).__get__(module, nn.Linear)
             stack.callback(module.__dict__.pop, "forward", None)
         yield report
 
@@ -390,3 +467,9 @@ def wants_fast_linears(assistant) -> bool:
     """A generate call with one of our drafters runs the target's and drafter's linear layers through
     :func:`fast_linears` unless the drafter (or SSD session) says ``use_fast_linears = False``."""
     return bool(getattr(assistant, "use_fast_linears", True))
+
+
+def wants_int8_copies(assistant) -> bool:
+    """Whether the drafter's layers may also trial their int8 copies in the fast linears (``int8=``): unless the
+    drafter (or SSD session) says ``use_int8_copies = False``."""
+    return bool(getattr(assistant, "use_int8_copies", True))

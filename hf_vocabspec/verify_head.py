@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kernels import FastLinears, KernelChoice, KernelKey, fast_linears, wants_fast_linears
+from .kernels import FastLinears, KernelChoice, KernelKey, fast_linears, wants_fast_linears, wants_int8_copies
 from .modeling import TrimmedDrafter, cache_kwarg
 
 # Row counts above this are prefill-like: GEMM kernels are efficient there, keep the original head.
@@ -178,16 +178,18 @@ def generate_kernels(target: nn.Module, assistant, compiled: bool = False,
                      compiled_draft: bool = False) -> Iterator[FastLinears]:
     """The one kernel choice of a generate call with one of our assistants (``generation.hooks`` enters only this):
     the fast linears (:func:`hf_vocabspec.kernels.fast_linears`) on the target's and drafter's linear layers unless
-    ``use_fast_linears`` is off, then the verify head on the target's LM head unless ``use_verify_head`` is off. The
+    ``use_fast_linears`` is off (the drafter's with their int8 copies among the candidates unless ``use_int8_copies``
+    is off), then the verify head on the target's LM head unless ``use_verify_head`` is off. The
     fast linears are entered first: a head they wrap is left alone by the verify head (it sees a replaced forward), so
     the verify head serves only where they do not (see :mod:`hf_vocabspec.kernels` for why both exist). Yields the
     fast linears' report (``stats.kernels``). ``compiled`` (the verify and the draft steps run compiled): neither,
     so the layers stay what the compiler traces; ``compiled_draft`` (only a trimmed drafter's steps run compiled,
     ``compiles_draft_step``): the fast linears on the target and the drafter's head, not its body."""
     # compiled draft steps: the drafter's body is what the compiler traces; its head (outside the compiled call)
-    # keeps the fast linears
-    models = (target, assistant.lm_head) if compiled_draft else (target, assistant)
-    with fast_linears(*models, enabled=not compiled and wants_fast_linears(assistant)) as fast, \
+    # keeps the fast linears (and its int8 copy among their candidates)
+    draft = assistant.lm_head if compiled_draft else assistant
+    with fast_linears(target, enabled=not compiled and wants_fast_linears(assistant), draft=(draft,),
+                      int8=wants_int8_copies(assistant)) as fast, \
             verify_head(target, enabled=not compiled and wants_verify_head(assistant)):
         yield fast
 

@@ -287,3 +287,121 @@ def test_wrong_packed_kernel_is_detected(lossless_pair, monkeypatch, packed):
     monkeypatch.setattr(kernels, "_run", wrong)
     with pytest.raises(AssertionError):
         check_lossless(target, drafter, {"temperature": 0.9}, pruned_probe=probe)
+
+
+# --- int8 copies: one more candidate for a drafter's layers ----------------------------------------------------
+int8_kernel = pytest.mark.skipif(not hf_vocabspec.modeling.quantization_ops_available("int8"),
+                                 reason="this torch has no int8 CPU kernel")
+
+
+@pytest.fixture
+def int8(monkeypatch):
+    """A drafter's layers keep their int8 copy (tiny layers would otherwise pick by timing; ``packed`` is taken out
+    of their candidates so the choice cannot fall on it); every kernel call recorded as (module, name, rows)."""
+    calls = []
+    original = kernels._run
+
+    def spy(name, module, x):
+        calls.append((module, name, x.numel() // x.shape[-1]))
+        return original(name, module, x)
+
+    monkeypatch.setattr(kernels, "MARGIN", float("inf"))
+    monkeypatch.setattr(kernels, "DRAFT_CANDIDATES", ("linear", "int8"))
+    monkeypatch.setattr(kernels, "_run", spy)
+    kernels.forget_choices()
+    yield calls
+    kernels.forget_choices()
+
+
+@int8_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_int8_copy_computes_the_quantized_weight_and_leaves_the_weight_alone(dtype, bias, int8):
+    from hf_vocabspec.modeling import QUANTIZED_MAX_ROWS, quantize_weight
+
+    layer = nn.Linear(64, 40, bias=bias).to(dtype)
+    weight = layer.weight.detach().clone()
+    values = quantize_weight(layer.weight, "int8")[1].to(dtype)
+    with torch.no_grad(), kernels.fast_linears(draft=(layer,)) as report:
+        assert report.layers == report.draft_layers == 1
+        for rows in (1, 3, QUANTIZED_MAX_ROWS, QUANTIZED_MAX_ROWS + 1):
+            x = torch.randn(1, rows, 64).to(dtype)
+            outs = [layer(x) for _ in range(2 * kernels.TRIALS + 2)]
+            want = F.linear(x, values if rows <= QUANTIZED_MAX_ROWS else weight, layer.bias)
+            tol = 1e-4 if dtype == torch.float32 else 2e-2
+            torch.testing.assert_close(outs[-1], want, rtol=tol, atol=tol)
+        assert torch.equal(layer.weight, weight)  # a copy: the weight keeps its values
+    ran = {(name, rows) for _, name, rows in int8}
+    assert {("int8", 1), ("int8", 3), ("int8", QUANTIZED_MAX_ROWS)} <= ran
+    assert not any(name == "int8" and rows > QUANTIZED_MAX_ROWS for name, rows in ran)
+    with torch.no_grad(), kernels.fast_linears(layer):  # not a drafter's layer: never its int8 copy
+        int8.clear()
+        for _ in range(2 * kernels.TRIALS + 2):
+            layer(torch.randn(2, 64).to(dtype))
+    assert int8 and all(name != "int8" for _, name, _ in int8)
+
+
+@int8_kernel
+def test_a_changed_weight_gets_a_new_int8_copy(int8):
+    layer = nn.Linear(32, 16)
+    x = torch.randn(1, 32)
+    with torch.no_grad(), kernels.fast_linears(draft=(layer,)):
+        for _ in range(2 * kernels.TRIALS + 2):
+            layer(x)
+        layer.weight.mul_(2.0)
+        after = layer(x)
+    from hf_vocabspec.modeling import quantize_weight
+
+    torch.testing.assert_close(after, F.linear(x, quantize_weight(layer.weight, "int8")[1], layer.bias))
+
+
+@int8_kernel
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])
+def test_greedy_identical_with_int8_copies_and_the_target_never_runs_them(kind, int8):
+    target, base = make_pair(kind, seed=3, head_scale=8.0)
+    drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)) + [3, 5])
+    target_layers = {id(m) for m in target.modules()}
+    g = torch.Generator().manual_seed(0)
+    for _ in range(4):
+        prompt = torch.randint(3, VOCAB, (1, int(torch.randint(1, 12, (1,), generator=g))), generator=g)
+        ref = target.generate(prompt, do_sample=False, max_new_tokens=24)
+        assert torch.equal(target.generate(prompt, do_sample=False, max_new_tokens=24, assistant_model=drafter), ref)
+    ids = torch.randint(3, VOCAB, (3, 7), generator=g)  # batched: the engine's loop at batch 3
+    ref = target.generate(ids, do_sample=False, max_new_tokens=16)
+    assert torch.equal(target.generate(ids, do_sample=False, max_new_tokens=16, assistant_model=drafter), ref)
+    assert any(name == "int8" for m, name, _ in int8 if id(m) not in target_layers)  # the drafter drafted with them
+    assert not any(name == "int8" for m, name, _ in int8 if id(m) in target_layers)
+    assert "with int8 copies as candidates" in drafter.last_speculation_stats.kernels
+    int8.clear()
+    drafter.use_int8_copies = False  # the switch: the drafter's layers keep the exact candidates
+    target.generate(ids, do_sample=False, max_new_tokens=8, assistant_model=drafter)
+    assert int8 and not any(name == "int8" for _, name, _ in int8)
+    assert "int8" not in drafter.last_speculation_stats.kernels
+
+
+@int8_kernel
+def test_sampling_with_int8_copies_is_lossless(lossless_pair, int8):
+    """Chi-square of the first two sampled tokens against the exact target marginals (marginals.py threshold),
+    with the drafts drawn through the drafter's int8 copies (counted)."""
+    target, drafter, probe = lossless_pair
+    check_lossless(target, drafter, {"temperature": 0.9}, pruned_probe=probe)
+    assert any(name == "int8" for _, name, _ in int8)
+
+
+@int8_kernel
+def test_a_law_other_than_the_int8_drawn_one_is_detected(lossless_pair, monkeypatch, int8):
+    """Power: drafts drawn through the int8 copies but reported with another law (their softmax at temperature 0.5)
+    must fail the same check."""
+    from hf_vocabspec.generation.draft_step import DraftStep
+
+    target, drafter, probe = lossless_pair
+    original = DraftStep.draw
+
+    def wrong(self, logits):
+        idx, probs = original(self, logits)
+        return idx, (None if probs is None else (logits / 0.5).softmax(dim=-1))
+
+    monkeypatch.setattr(DraftStep, "draw", wrong)
+    with pytest.raises(AssertionError):
+        check_lossless(target, drafter, {"temperature": 0.9}, pruned_probe=probe)
+    assert any(name == "int8" for _, name, _ in int8)
