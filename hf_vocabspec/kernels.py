@@ -282,15 +282,18 @@ def _is_draft(module: nn.Linear) -> bool:
     return getattr(module.__dict__.get("forward"), "__func__", None) is _draft_forward
 
 
-def settle_choices(model: nn.Module, rows: Iterable[int], *, max_forwards: int = 8) -> int:
+def settle_choices(model: nn.Module, rows: Iterable[int], *, max_forwards: int | None = None, draft: bool = False,
+                   int8: bool = True) -> int:
     """Make the kernel choices of ``model``'s linear layers for every count in ``rows`` now, with forwards of that
-    many positions (outputs discarded; at most ``max_forwards`` per count), so that later calls run their steady
+    many positions (outputs discarded; at most ``max_forwards`` per count, by default enough for a layer called once
+    per forward, the LM head, to try every candidate ``TRIALS`` times), so that later calls run their steady
     kernels. For benchmarks: a count's trials run its slower kernel a few times, once per process, and in a short
     timed run those calls would show (one forward of a count usually decides every layer of it: layers of a shape
-    share a key). Returns the forwards run."""
+    share a key). ``draft`` (a drafter; ``int8`` as its ``use_int8_copies``): its layers' choices as a generate call
+    makes them, int8 copies among the candidates. Returns the forwards run."""
     vocab = model.get_input_embeddings().weight.shape[0]
     runs = 0
-    with torch.no_grad(), fast_linears(model):
+    with torch.no_grad(), (fast_linears(draft=(model,), int8=int8) if draft else fast_linears(model)):
         # the layers this block (or one around it) runs through the fast linears; none where the copies do not fit
         layers = [m for m in model.modules()
                   if type(m) is nn.Linear and getattr(m.__dict__.get("forward"), "__func__", None) in _FORWARDS]
@@ -305,7 +308,8 @@ def settle_choices(model: nn.Module, rows: Iterable[int], *, max_forwards: int =
                 # (8960x1536: 3.3 against 2.1 ms) and kept the packed kernel for decode, 7% slower there.
                 model(input_ids=torch.arange(MAX_ROWS + 1, device=model.device)[None] % vocab, use_cache=False)
                 runs, touched = runs + 1, True
-            for _ in range(max_forwards if left else 0):
+            candidates = DRAFT_CANDIDATES if draft and int8 and count <= QUANTIZED_MAX_ROWS else CANDIDATES
+            for _ in range((max_forwards or len(candidates) * (TRIALS + 1)) if left else 0):
                 model(input_ids=ids, use_cache=False)
                 runs += 1
                 # (a layer that a forward of ``count`` positions does not reach has no trial: not waited for)

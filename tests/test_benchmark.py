@@ -213,3 +213,28 @@ def test_kernel_choices_for_every_verify_width_are_made_in_the_warm_up():
         kernels.forget_choices()
     shapes = {(m.out_features, m.in_features) for m in target.modules() if type(m) is nn.Linear}
     assert decided >= {(*shape, rows) for shape in shapes for rows in range(1, kernels.EXACT_ROWS + 1)}
+
+
+def test_the_drafter_s_kernel_choices_are_made_in_the_warm_up_too():
+    """The drafter's steps must not pay trials in a timed call either: the warm-up settles its choices (int8 copies
+    among the candidates up to QUANTIZED_MAX_ROWS rows, as a generate call makes them); without its settle, a
+    3-token warm-up call leaves most of them undecided."""
+    from torch import nn
+
+    from hf_vocabspec import kernels, trim_drafter
+    from hf_vocabspec.modeling import QUANTIZED_MAX_ROWS, quantization_ops_available
+
+    if not kernels.available() or not quantization_ops_available("int8"):
+        pytest.skip("this torch build has no oneDNN or no int8 kernel")
+    target, base = make_pair("llama", seed=3)
+    drafter = trim_drafter(base, list(range(3, 40)))
+    kernels.forget_choices()
+    try:
+        compare_methods(target, [Method("trimmed", drafter)], PROMPTS[:1], max_new_tokens=3,
+                        generate_kwargs={"do_sample": False})
+        decided = {(c.key.out_features, c.key.in_features, c.key.rows) for c in kernels.choices()
+                   if c.chosen is not None and c.key.draft and c.key.dtype == "float32"}
+    finally:
+        kernels.forget_choices()
+    shapes = {(m.out_features, m.in_features) for m in drafter.modules() if type(m) is nn.Linear}
+    assert decided >= {(*shape, rows) for shape in shapes for rows in range(1, QUANTIZED_MAX_ROWS + 1)}

@@ -30,7 +30,7 @@ from ..cost import RoundModel, iid_acceptance, project_ssd_speedup
 from ..generation import SpeculationStats
 from ..generation.hooks import compiles_draft_step
 from ..hub import EvalResultRow
-from ..kernels import EXACT_ROWS, fast_linears, settle_choices, wants_fast_linears
+from ..kernels import EXACT_ROWS, fast_linears, settle_choices, wants_fast_linears, wants_int8_copies
 from ..modeling import TrimmedDrafter
 from .data import eval_prompts, first_exchange, load_workload  # noqa: F401 (re-exported)
 
@@ -395,8 +395,12 @@ def compare_methods(
             with (applied_attrs(_drafter_of(m.assistant) or m.assistant, m.attrs), torch_threads(m.threads),
                   fast_linears(target, enabled=m.fast_linears)):
                 # the target's kernel choices for every verify width, made here, not in the timed calls
-                if m.fast_linears or (_drafter_of(m.assistant) is not None and wants_fast_linears(m.assistant)):
+                drafter = _drafter_of(m.assistant)
+                if m.fast_linears or (drafter is not None and wants_fast_linears(m.assistant)):
                     settle_choices(target, range(1, EXACT_ROWS + 1))
+                if drafter is not None and wants_fast_linears(m.assistant) and not compiles_draft_step(drafter):
+                    # and the drafter's, for its draft steps and context-token feeds (its int8 copies included)
+                    settle_choices(drafter, range(1, EXACT_ROWS + 1), draft=True, int8=wants_int8_copies(m.assistant))
                 # compiled draft steps: a whole call, so that every step shape compiles here (1- and 2-token feeds)
                 whole = compiles_draft_step(_drafter_of(m.assistant))
                 target.generate(prompts[0], attention_mask=torch.ones_like(prompts[0]),
