@@ -59,8 +59,8 @@ from torch import nn
 
 from .modeling import QUANTIZED_MAX_ROWS, quantization_ops_available, quantize_weight
 
-__all__ = ["DRAFT_CANDIDATES", "EXACT_ROWS", "MARGIN", "MAX_ROWS", "MEMORY_SHARE", "TRIALS", "FastLinears", "KernelChoice", "KernelKey",
-           "available", "choices", "fast_linears", "packed_linear", "release", "rows_bucket", "settle_choices",
+__all__ = ["DRAFT_CANDIDATES", "EXACT_ROWS", "MARGIN", "MAX_ROWS", "MEMORY_SHARE", "TRIALS", "FastLinears",
+           "KernelChoice", "KernelKey", "available", "choices", "fast_linears", "packed_linear", "release", "rows_bucket", "settle_choices",
            "trials_run", "wants_fast_linears", "wants_int8_copies"]
 
 MAX_ROWS = 64
