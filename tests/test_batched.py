@@ -69,6 +69,37 @@ def test_greedy_rows_identical_to_batch_one(kind, lengths):
     assert stats.proposed == sum(stats.per_round_proposed) and stats.accepted == sum(stats.per_round_accepted)
 
 
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])
+def test_one_token_steps_take_their_position_ids_from_windows(kind, monkeypatch):
+    """A one-token step's position ids are a view from a window of the layout's grid (``_step_positions``): with
+    windows of 3 columns (crossed every round, rebuilt at every layout change), every forward's position ids are
+    still each row's column minus its padding; the drafts (acceptance) are those of full-width windows, and the
+    output target-only's. (Wrong drafter positions would only lower acceptance: the positions are checked
+    directly.)"""
+    target, drafter = _pair(kind)
+    ids, mask = _batch([7, 12, 4])
+    layout, checked = engine.SpeculativeEngine._layout, []
+
+    def checking(self, cache, n):
+        out = layout(self, cache, n)
+        start = cache.length
+        expected = (torch.arange(start, start + n)[None, :] - self.pad_cols[:, None]).clamp(min=0)
+        assert torch.equal(out[1], expected), (start, n)
+        checked.append(n)
+        return out
+
+    monkeypatch.setattr(engine.SpeculativeEngine, "_layout", checking)
+    kw = dict(input_ids=ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=24, do_sample=False)
+    wide = target.generate(**kw)
+    wide_accepted = drafter.last_speculation_stats.per_round_accepted
+    monkeypatch.setattr(engine, "STEP_COLUMNS", 3)
+    narrow = target.generate(**kw)
+    assert torch.equal(narrow, wide)
+    assert drafter.last_speculation_stats.per_round_accepted == wide_accepted
+    assert _rows(narrow, ids.shape[1], EOS) == _reference(target, ids, mask, max_new_tokens=24)
+    assert checked.count(1) > 20 and any(n > 1 for n in checked)
+
+
 def test_rows_that_end_early_at_eos_get_pad_and_the_rest_go_on():
     target, drafter = _pair("gemma3")
     ids, mask = _batch([6, 10, 3, 8])

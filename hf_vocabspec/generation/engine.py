@@ -103,6 +103,8 @@ MEMORY_CALLS = 8
 # Drafts a round may add beyond L where the grammar forces them (``_draft``: forced drafts cost no drafter forward;
 # the verify forward stays within about 16 positions, which cost about one decode step with the fast linears).
 FORCED_ROOM = 10
+# Columns of position ids made in one op for one-token steps (``SpeculativeEngine._step_positions``)
+STEP_COLUMNS = 64
 # Cache layer types (a config's ``layer_types``) the engine can roll back row by row.
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "indexed_attention", "conv",
                          "dummy", "moe", "mlp")
@@ -537,7 +539,19 @@ class SpeculativeEngine:
             else:
                 grids = (cols[None, :].expand(len(self.pad_list), cols.numel()), None)
             self._grids = grids
+            self._step_columns = None
         return grids
+
+    def _step_positions(self, start: int) -> torch.Tensor:
+        """(B, 1) position ids of column ``start`` (a one-token step): a view from a window of the positions grid
+        unbound in one op (``STEP_COLUMNS`` columns at a time), so a drafted token costs no op for its positions.
+        The window belongs to its grid: a new padding layout makes a new one."""
+        grid = self._grid(start + 1)[0]  # (building a grid drops the window of the former one)
+        window = self._step_columns
+        if window is None or not 0 <= start - window[0] < len(window[1]):
+            n = min(STEP_COLUMNS, grid.shape[1] - start)
+            window = self._step_columns = (start, grid.narrow(1, start, n).unsqueeze(2).unbind(1))
+        return window[1][start - window[0]]
 
     def _mask(self, length: int, width: int | None = None) -> torch.Tensor | None:
         """The 2-D mask of the computing rows, or None when no row holds padding (as generate drops an all-ones
@@ -565,7 +579,8 @@ class SpeculativeEngine:
             cache.reserve(start + n)
             return self._mask(start + n, cache.width), self._positions(start, n)
         positions, mask = self._grid(start + n)  # (the common case in a few ops: views of the layout's grids)
-        return (mask.narrow(1, 0, start + n) if mask is not None else None), positions.narrow(1, start, n)
+        return ((mask.narrow(1, 0, start + n) if mask is not None else None),
+                self._step_positions(start) if n == 1 else positions.narrow(1, start, n))
 
     def _target_forward(self, tokens: torch.Tensor, keep: int | None = None) -> torch.Tensor:
         """Feed ``tokens`` (B, n) after the target cache; logits of the last ``keep`` (default all) positions,
