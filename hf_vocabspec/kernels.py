@@ -114,7 +114,7 @@ class KernelChoice:
 
     def __post_init__(self) -> None:
         if not self.timings_ms:
-            self.timings_ms = {name: [] for name in (DRAFT_CANDIDATES if self.key.draft else CANDIDATES)}
+            self.timings_ms = {name: [] for name in _candidates(self.key.draft)}
 
     def median_ms(self, name: str) -> float:
         return statistics.median(self.timings_ms[name])
@@ -220,13 +220,13 @@ def _packed(module: nn.Linear) -> torch.Tensor | None:
 
 def _int8(module: nn.Linear):
     """The module's weight-only int8 copy (``modeling.quantize_weight``: the one home of the quantization), made on
-    first use and kept like the packed copy (None: this torch has no int8 kernel)."""
+    first use and kept like the packed copy."""
     weight = module.weight
     stamp = (weight.data_ptr(), weight._version)
     entry = _INT8.get(module)
     if entry is not None and entry[:2] == stamp:
         return entry[2]
-    copy = quantize_weight(weight, "int8")[0] if quantization_ops_available("int8") else None
+    copy = quantize_weight(weight, "int8")[0]  # (``fast_linears`` runs no draft forward without the int8 kernel)
     _INT8[module] = (*stamp, copy)
     return copy
 
@@ -238,11 +238,10 @@ def _run(name: str, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
             return torch.ops.mkldnn._linear_pointwise(x, packed, module.bias, "none", [], "")
     elif name == "int8":
         q = _int8(module)
-        if q is not None:
-            flat = x.reshape(-1, x.shape[-1])
-            y = torch.ops.aten._weight_int8pack_mm(flat.contiguous(), q.weight, q.scales)
-            y = y.reshape(*x.shape[:-1], y.shape[-1])
-            return y if module.bias is None else y + module.bias
+        flat = x.reshape(-1, x.shape[-1])
+        y = torch.ops.aten._weight_int8pack_mm(flat.contiguous(), q.weight, q.scales)
+        y = y.reshape(*x.shape[:-1], y.shape[-1])
+        return y if module.bias is None else y + module.bias
     return F.linear(x, module.weight, module.bias)
 
 
@@ -267,6 +266,11 @@ def _fast_key(module: nn.Linear, rows: int, draft: bool = False) -> tuple:
     weight = module.weight
     return (weight.dtype, weight.shape[0], weight.shape[1], module.bias is not None, rows_bucket(rows),
             torch.get_num_threads(), draft and rows <= QUANTIZED_MAX_ROWS)
+
+
+def _candidates(int8_candidate: bool) -> tuple[str, ...]:
+    """The kernels a key trials, from its last field (``_fast_key``'s rule, ``KernelKey.draft``)."""
+    return DRAFT_CANDIDATES if int8_candidate else CANDIDATES
 
 
 def _kernel_key(fast: tuple) -> KernelKey:
@@ -308,8 +312,8 @@ def settle_choices(model: nn.Module, rows: Iterable[int], *, max_forwards: int |
                 # (8960x1536: 3.3 against 2.1 ms) and kept the packed kernel for decode, 7% slower there.
                 model(input_ids=torch.arange(MAX_ROWS + 1, device=model.device)[None] % vocab, use_cache=False)
                 runs, touched = runs + 1, True
-            candidates = DRAFT_CANDIDATES if draft and int8 and count <= QUANTIZED_MAX_ROWS else CANDIDATES
-            for _ in range((max_forwards or len(candidates) * (TRIALS + 1)) if left else 0):
+            trials = max((len(_candidates(_fast_key(m, count, _is_draft(m))[-1])) for m in left), default=0)
+            for _ in range((max_forwards or trials * (TRIALS + 1)) if left else 0):
                 model(input_ids=ids, use_cache=False)
                 runs += 1
                 # (a layer that a forward of ``count`` positions does not reach has no trial: not waited for)
