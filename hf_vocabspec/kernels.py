@@ -17,8 +17,9 @@ packed weight is made on its first use and kept, keyed by the weight's storage a
 packed again), so later generate calls pay nothing; :func:`release` drops them (the packed copy costs as much
 memory as the weight itself).
 
-A drafter's layers (``fast_linears(..., draft=...)``) have one more candidate, their weight-only int8 copy
-(``DRAFT_CANDIDATES``, for forwards of up to ``QUANTIZED_MAX_ROWS`` rows): see there why, and why only a drafter's.
+A drafter's layers (``fast_linears(..., draft=...)``), for forwards of up to ``QUANTIZED_MAX_ROWS`` rows, trial their
+weight-only int8 copy against ``F.linear`` instead of the packed kernel (``DRAFT_CANDIDATES``): see there why, and
+why only a drafter's.
 
 Exactness: the packed kernel sums in another order than ``F.linear`` (~1e-6 relative in float32; bf16 measured
 identical), the same order of difference as between transformers' own verify and decode forwards, which already
@@ -80,7 +81,13 @@ CANDIDATES = ("linear", "packed")
 # it). Why: a draft step of a few rows is memory-bound, and the copy is half the bytes of bf16. Measured on machine D
 # (Intel Xeon, AVX-512 BF16 + AMX, 2026-11-28), drafters with every layer int8: pair G's eager step 23 ms against
 # 31 in bf16, pair Q's 59 against 82.
-DRAFT_CANDIDATES = ("linear", "packed", "int8")
+# The packed copy is no candidate there: per-call trials rank it level with the int8 copy on the 4864-wide layers
+# of pair Q's drafter, and keeping it there made the whole step slower, a cost its own timings do not see.
+# Measured on machine D (2026-11-29, Qwen2.5-Coder-0.5B trimmed to 32k ids, bf16, median step of 30, 4 alternating
+# runs): every layer int8 69 ms against 93 for the choices the three-way trials made (packed kept for 4864x896 and
+# more) and 96 with every layer packed; 70 / 87 at 2 rows, 76 / 80 at 4 rows. Pair G's drafter: the trials kept
+# int8 everywhere (33 ms, 44 packed).
+DRAFT_CANDIDATES = ("linear", "int8")
 
 
 def available() -> bool:
@@ -145,7 +152,10 @@ class KernelChoice:
             linear = self.timings_ms["linear"]
             others = {n: t for n, t in self.timings_ms.items() if n != "linear"}
             best = min(others, key=self.median_ms)
-            if max(others[best]) < margin * min(linear):
+            # early only where the times do not overlap: the best against F.linear (with the margin) and against
+            # every other candidate (two close kernels wait for their full trials)
+            if max(others[best]) < margin * min(linear) and all(
+                    max(others[best]) < min(t) for n, t in others.items() if n != best):
                 self.chosen = best
             elif all(min(t) >= margin * max(linear) for t in others.values()):
                 self.chosen = "linear"

@@ -68,10 +68,11 @@ def test_choice_is_made_by_measurement(monkeypatch):
 
 def _trial(times: dict[str, list[float]], trials=5, margin=0.9, early=2) -> tuple[str | None, int]:
     """Feed alternating timed calls to a KernelChoice; return its choice and how many calls it took."""
-    choice = kernels.KernelChoice(kernels.KernelKey("cpu", "float32", 8, 16, False, 2, 1))
+    choice = kernels.KernelChoice(kernels.KernelKey("cpu", "float32", 8, 16, False, 2, 1),
+                                  timings_ms={name: [] for name in times})
     calls = 0
     for i in range(max(map(len, times.values()))):
-        for name in ("linear", "packed"):
+        for name in times:
             if choice.chosen is None and i < len(times[name]):
                 choice.record(name, times[name][i], trials, margin, early)
                 calls += 1
@@ -91,6 +92,16 @@ def test_a_clear_choice_is_made_early_and_an_unclear_one_by_medians():
     assert _trial({"linear": [10, 10, 10, 10, 10], "packed": [8.5, 9.5, 9.5, 9.5, 9.5]}) == ("linear", 10)
     # early=None: the old rule, TRIALS each whatever the times
     assert _trial({"linear": [10] * 5, "packed": [4] * 5}, early=None) == ("packed", 10)
+
+
+def test_two_close_fast_kernels_wait_for_their_full_trials():
+    """With three candidates, the early rule decides only where the best's times do not overlap the other fast
+    kernel's either: two kernels level on two calls each (as packed and int8 were on pair Q's drafter) are decided
+    by the medians of TRIALS calls, not by a median of two."""
+    # both far ahead of F.linear, overlapping each other on the first two calls: the medians pick int8 after 5 each
+    assert _trial({"linear": [10] * 5, "packed": [4.0, 5.0, 5, 5, 5], "int8": [4.5, 4.6, 3, 3, 3]}) == ("int8", 15)
+    # separated from each other too: decided early (2 each)
+    assert _trial({"linear": [10] * 5, "packed": [5.0, 5.1, 5, 5, 5], "int8": [3.0, 3.1, 3, 3, 3]}) == ("int8", 6)
 
 
 def test_rows_are_keyed_exactly_up_to_16_then_share_a_choice_by_bucket():
