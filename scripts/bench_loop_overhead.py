@@ -42,6 +42,9 @@ def tiny_pair(device: str):
         m.generation_config.eos_token_id = None  # no EOS: every call emits all its new tokens
         m.generation_config.pad_token_id = 0
     drafter.generation_config.batched_speculation = "on"
+    # the drafter must compute what the target does: its int8 copies (on by default, kept where timed faster) would
+    # change some drafts, and the bench needs every draft accepted
+    drafter.use_int8_copies = False
     return target.to(device), drafter.to(device)
 
 

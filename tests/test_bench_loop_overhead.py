@@ -25,6 +25,8 @@ def test_quick_prints_the_table(capsys):
     assert len(rows) == 2 and "| 1.00 |" in rows[0], out  # one host sync per round
     from hf_vocabspec.generation import draft_step, engine
     assert "wrapper" not in engine.SpeculativeEngine.run.__qualname__ + draft_step.DraftStep.logits.__qualname__
+    # every draft accepted needs a drafter that computes what the target does: no int8 copies
+    assert bench.tiny_pair("cpu")[1].use_int8_copies is False
 
 
 def test_cpu_compile_bench_prints_its_table(cli_model, capsys):
