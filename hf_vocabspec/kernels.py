@@ -322,8 +322,8 @@ def settle_choices(model: nn.Module, rows: Iterable[int], *, max_forwards: int |
                 # (8960x1536: 3.3 against 2.1 ms) and kept the packed kernel for decode, 7% slower there.
                 model(input_ids=torch.arange(MAX_ROWS + 1, device=model.device)[None] % vocab, use_cache=False)
                 runs, touched = runs + 1, True
-            trials = max((len(_candidates(_fast_key(m, count, _is_draft(m))[-1])) for m in left), default=0)
-            for _ in range((max_forwards or trials * (TRIALS + 1)) if left else 0):
+            most = max((len(_candidates(_fast_key(m, count, _is_draft(m))[-1])) for m in left), default=0)
+            for _ in range((max_forwards or most * (TRIALS + 1)) if left else 0):
                 model(input_ids=ids, use_cache=False)
                 runs += 1
                 # (a layer that a forward of ``count`` positions does not reach has no trial: not waited for)

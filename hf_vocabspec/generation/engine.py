@@ -542,11 +542,10 @@ class SpeculativeEngine:
             self._step_columns = None
         return grids
 
-    def _step_positions(self, start: int) -> torch.Tensor:
-        """(B, 1) position ids of column ``start`` (a one-token step): a view from a window of the positions grid
-        unbound in one op (``STEP_COLUMNS`` columns at a time), so a drafted token costs no op for its positions.
-        The window belongs to its grid: a new padding layout makes a new one."""
-        grid = self._grid(start + 1)[0]  # (building a grid drops the window of the former one)
+    def _step_positions(self, grid: torch.Tensor, start: int) -> torch.Tensor:
+        """(B, 1) position ids of column ``start`` (a one-token step) of ``grid``, the layout's positions grid (from
+        ``_grid``): a view from a window of it unbound in one op (``STEP_COLUMNS`` columns at a time), so a drafted
+        token costs no op for its positions. The window belongs to its grid: building a grid drops the former's."""
         window = self._step_columns
         if window is None or not 0 <= start - window[0] < len(window[1]):
             n = min(STEP_COLUMNS, grid.shape[1] - start)
@@ -580,7 +579,7 @@ class SpeculativeEngine:
             return self._mask(start + n, cache.width), self._positions(start, n)
         positions, mask = self._grid(start + n)  # (the common case in a few ops: views of the layout's grids)
         return ((mask.narrow(1, 0, start + n) if mask is not None else None),
-                self._step_positions(start) if n == 1 else positions.narrow(1, start, n))
+                self._step_positions(positions, start) if n == 1 else positions.narrow(1, start, n))
 
     def _target_forward(self, tokens: torch.Tensor, keep: int | None = None) -> torch.Tensor:
         """Feed ``tokens`` (B, n) after the target cache; logits of the last ``keep`` (default all) positions,
