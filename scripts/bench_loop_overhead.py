@@ -27,9 +27,10 @@ from hf_vocabspec.evaluation.benchmark import machine_info
 from hf_vocabspec.generation import draft_step, engine
 
 VOCAB = 64
+NEVER_UNSURE = 1e-6  # a confidence threshold no draft falls below (a draw's probability is far above it)
 
 
-def tiny_pair(device: str):
+def tiny_pair(device: str, eos: bool = False):
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
                          tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
@@ -39,7 +40,9 @@ def tiny_pair(device: str):
     base.load_state_dict(target.state_dict())
     drafter = hf_vocabspec.trim_drafter(base, list(range(VOCAB))).eval()  # the same model: every draft accepted
     for m in (target, drafter):
-        m.generation_config.eos_token_id = None  # no EOS: every call emits all its new tokens
+        # no EOS: every call emits all its new tokens; ``eos``: an id past the vocabulary, never drawn, so the loop
+        # runs its per-draft EOS check as a real model's call does, and still emits all its new tokens
+        m.generation_config.eos_token_id = VOCAB if eos else None
         m.generation_config.pad_token_id = 0
     drafter.generation_config.batched_speculation = "on"
     # the drafter must compute what the target does: its int8 copies (on by default, kept where timed faster) would
@@ -79,11 +82,12 @@ class Timers:
         self.draft = self.verify = self.loop = 0.0
 
 
-def measure(target, drafter, timers: Timers, batch: int, new_tokens: int, length: int, repeats: int, device: str):
+def measure(target, drafter, timers: Timers, batch: int, new_tokens: int, length: int, repeats: int, device: str,
+            threshold: float = 0.0):
     ids = torch.randint(3, VOCAB, (batch, 16), generator=torch.Generator().manual_seed(batch)).to(device)
     kw = dict(attention_mask=torch.ones_like(ids), assistant_model=drafter, do_sample=False,
               max_new_tokens=new_tokens, num_assistant_tokens=length, num_assistant_tokens_schedule="constant",
-              assistant_confidence_threshold=0.0)  # every round drafts all L (no confidence stop)
+              assistant_confidence_threshold=threshold)  # 0: every round drafts all L (no confidence stop)
     target.generate(ids, **kw)  # warm-up
     rows = []
     for _ in range(repeats):
@@ -119,11 +123,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (tiny models are dispatch-bound)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--quick", action="store_true", help="smoke test: 32 new tokens, 1 repeat")
+    ap.add_argument("--checks", action="store_true",
+                    help="the per-draft checks of a default drafter's call: a confidence stop that never fires "
+                         f"(threshold {NEVER_UNSURE}: every draft of the {VOCAB}-id model is surer) and an EOS id "
+                         "that is never drawn; every round still drafts all L")
     args = ap.parse_args(argv)
     if args.quick:
         args.new_tokens, args.repeats = 32, 1
     torch.set_num_threads(args.threads)
-    target, drafter = tiny_pair(args.device)
+    target, drafter = tiny_pair(args.device, eos=args.checks)
     timers = Timers(target, args.device)
     try:
         table(args, target, drafter, timers)
@@ -134,14 +142,16 @@ def main(argv: list[str] | None = None) -> None:
 def table(args, target, drafter, timers: Timers) -> None:
     info = machine_info()
     print(f"Loop overhead, tiny llama (every draft accepted), L={args.draft_length}, {args.new_tokens} new tokens, "
-          f"greedy, {args.repeats} repeats (median (min-max)); {info['cpu']}, {info['torch_threads']} torch "
+          f"greedy, {'per-draft checks (a stop that never fires, an EOS never drawn)' if args.checks else 'no per-draft checks'}, "
+          f"{args.repeats} repeats (median (min-max)); {info['cpu']}, {info['torch_threads']} torch "
           f"threads, device {args.device}, torch {info['torch']}, transformers {info['transformers']}, "
           f"{info['date']}\n")
     print("| batch | round (ms) | drafter steps (ms) | verify (ms) | engine's own (ms) | engine share | host syncs "
           "/ round | draft steps / round | rounds | generate / round (ms) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for b in args.batch:
-        rows = measure(target, drafter, timers, b, args.new_tokens, args.draft_length, args.repeats, args.device)
+        rows = measure(target, drafter, timers, b, args.new_tokens, args.draft_length, args.repeats, args.device,
+                       NEVER_UNSURE if args.checks else 0.0)
         col = {k: [r[k] for r in rows] for k in rows[0]}
         print(f"| {b} | {cell(col['round_ms'], '{:.2f}')} | {cell(col['draft_ms'], '{:.2f}')} | "
               f"{cell(col['verify_ms'], '{:.2f}')} | {cell(col['engine_ms'], '{:.2f}')} | "

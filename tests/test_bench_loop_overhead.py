@@ -11,17 +11,22 @@ import torch
 SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "bench_loop_overhead.py"
 
 
-def test_quick_prints_the_table(capsys):
+def _run(capsys, *args: str):
+    """(the bench module, the table's rows) of one run."""
     spec = importlib.util.spec_from_file_location("bench_loop_overhead", SCRIPT)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     threads = torch.get_num_threads()
     try:
-        bench.main(["--quick"])
+        bench.main(["--quick", *args])
     finally:
         torch.set_num_threads(threads)
     out = capsys.readouterr().out
-    rows = [line for line in out.splitlines() if line.startswith("| 1 |") or line.startswith("| 4 |")]
+    return bench, [line for line in out.splitlines() if line.startswith("| 1 |") or line.startswith("| 4 |")], out
+
+
+def test_quick_prints_the_table(capsys):
+    bench, rows, out = _run(capsys)
     assert len(rows) == 2 and "| 1.00 |" in rows[0], out  # one host sync per round
     from hf_vocabspec.generation import draft_step, engine
     assert "wrapper" not in engine.SpeculativeEngine.run.__qualname__ + draft_step.DraftStep.logits.__qualname__
@@ -38,3 +43,16 @@ def test_cpu_compile_bench_prints_its_table(cli_model, capsys):
     bench.main(["--model", str(cli_model[0]), "--new-tokens", "3", "--repeats", "1"])
     out = capsys.readouterr().out
     assert "the three outputs identical" in out and "| static cache + torch.compile (Inductor) |" in out, out
+
+
+def test_checks_run_the_default_drafters_per_draft_checks_without_firing(capsys):
+    """--checks: a confidence stop and an EOS id, as a default drafter's call has; neither fires (every round still
+    drafts all L = 5, every draft accepted: the bench asserts it), and the stop's read per drafted position shows
+    in the host syncs (1 + 5 per full round; without --checks: 1 per round)."""
+    _, rows, out = _run(capsys, "--checks")
+    assert len(rows) == 2 and "per-draft checks" in out, out
+    for row in rows:
+        cells = [c.strip() for c in row.split("|")]
+        syncs, steps = float(cells[7].split()[0]), float(cells[8].split()[0])
+        # (--quick's 32 tokens: 5 rounds of 5 drafts and a last one without: 4.3 steps a round)
+        assert steps >= 4 and syncs >= steps + 0.5, row

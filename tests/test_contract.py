@@ -644,6 +644,83 @@ def test_confidence_threshold_stops_rows_at_every_batch_size(batch, lagged, monk
         assert stats.host_syncs > stats.rounds + stats.plain_steps and stats.lagged_reads == 0
 
 
+def _recorded_drafting(monkeypatch, batch: int, ignore_drafted_eos: bool = False):
+    """Run a case of many EOS ids with a confidence stop, read at once (CPU), recording each round's drafter steps:
+    (L, the EOS ids, per step each computing row's (unsure, drafted token)). ``ignore_drafted_eos``: a wrong loop
+    that does not see a drafted EOS (its host set emptied: the power side)."""
+    from hf_vocabspec.generation import draft_step
+
+    monkeypatch.setattr("hf_vocabspec.generation.engine.lags_reads", lambda device: False)
+    rounds = []
+    draft, call = engine.SpeculativeEngine._draft, draft_step.DraftStep.__call__
+
+    def recording_draft(self, L, *args, **kwargs):
+        if ignore_drafted_eos:
+            self.eos_set = set()
+        rounds.append((L, set(self.eos.tolist()), []))
+        return draft(self, L, *args, **kwargs)
+
+    def recording_call(self, *args, **kwargs):
+        d = call(self, *args, **kwargs)
+        if rounds and d.unsure is not None:
+            rounds[-1][2].append(list(zip(d.unsure.view(-1).tolist(), d.token.view(-1).tolist())))
+        return d
+
+    monkeypatch.setattr(engine.SpeculativeEngine, "_draft", recording_draft)
+    monkeypatch.setattr(draft_step.DraftStep, "__call__", recording_call)
+    # about half the tiny drafter's draws fall below the threshold (its laws are flat: max 0.023-0.028), and one
+    # draft in five or so is an EOS id
+    ref, out = run_case("llama", batch, "greedy", assistant_confidence_threshold=0.0245, max_new_tokens=40,
+                        eos_token_id=[EOS, *KEEP[20:23]])
+    return ref, out, rounds
+
+
+def _drafting_violations(rounds) -> list:
+    """Rounds that break the stop rule: the batch drafts until every row has had an unsure draft or an EOS since
+    the round began, or L drafts."""
+    bad = []
+    for i, (L, eos, steps) in enumerate(rounds):
+        ended = [False] * (len(steps[0]) if steps else 0)
+        for j, step in enumerate(steps):
+            ended = [e or unsure or token in eos for e, (unsure, token) in zip(ended, step)]
+            if all(ended) and j + 1 < len(steps):
+                bad.append((i, "drafted past the batch's end", j + 1, len(steps)))
+        if steps and not all(ended) and len(steps) < L:
+            bad.append((i, "stopped early", len(steps), L))
+    return bad
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_confidence_stop_read_at_once_ends_drafting_where_every_row_has_ended(batch, monkeypatch):
+    """Read at once (CPU), the draft loop drafts until every computing row has had an unsure draft or drafted an
+    EOS since its round began (host-side ends), or L drafts; the output is target-only's. Both ends occur."""
+    ref, out, rounds = _recorded_drafting(monkeypatch, batch)
+    assert torch.equal(out, ref)
+    assert not _drafting_violations(rounds), _drafting_violations(rounds)
+    seen = [x for _, eos, steps in rounds for step in steps for x in step]
+    assert any(u for u, _ in seen) and any(not u for u, _ in seen)
+    # a sure draft of an EOS id ends its row (what the power side breaks)
+    assert any(t in eos and not u for _, eos, steps in rounds for step in steps for u, t in step)
+    if batch > 1:  # rounds where a row's earlier end still counts: the batch ends before its rows end together
+        assert any(_ends_apart(eos, steps) for _, eos, steps in rounds)
+
+
+def _ends_apart(eos, steps) -> bool:
+    ended = [False] * len(steps[0])
+    for step in steps:
+        now = [unsure or token in eos for unsure, token in step]
+        ended = [e or x for e, x in zip(ended, now)]
+        if all(ended):
+            return not all(now)
+    return False
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_power_a_loop_blind_to_drafted_eos_breaks_the_stop_rule(batch, monkeypatch):
+    _, _, rounds = _recorded_drafting(monkeypatch, batch, ignore_drafted_eos=True)
+    assert _drafting_violations(rounds)
+
+
 # --- a target whose embedding is padded past the tokenizer (Qwen2.5-7B: 152,064 rows, its 0.5B drafter: 151,936) ---
 PADDED = VOCAB + 8
 

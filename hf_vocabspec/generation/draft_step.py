@@ -43,7 +43,7 @@ class DraftedToken:
     idx: torch.Tensor  # (B, 1) draft-space index of the draw
     token: torch.Tensor  # (B, 1) target id (RDK may have moved a kept draw to a pruned neighbour)
     probs: torch.Tensor | None  # (B, n_ids) the law the draw came from (sampling only), over the draft space
-    unsure: torch.Tensor | None  # (B,) bool: the drafter gave its draw less than the confidence threshold (None:
+    unsure: torch.Tensor | None  # (B, 1) bool: the drafter gave its draw less than the confidence threshold (None:
     # no threshold is set)
 
 
@@ -201,6 +201,8 @@ class DraftStep:
         self.trimmed = isinstance(assistant, TrimmedDrafter)
         self.do_sample = bool(do_sample)
         self.confidence_threshold = float(confidence_threshold or 0.0)
+        # the threshold as a 0-d tensor of the laws' dtype: compared without wrapping a Python float every draft
+        self._threshold = torch.tensor(self.confidence_threshold, dtype=torch.float32)
         self.stats = stats if stats is not None else SpeculationStats()
         self.vocab = None
         self.rdk = None
@@ -375,9 +377,10 @@ class DraftStep:
         """transformers' ConfidenceCriteria: the drafter's probability of its own draw is below the threshold
         (greedy or sampled: the stop depends on the drafter's draws only, so verification stays exact)."""
         if not self.confidence_threshold:
-            return torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
-        probs = probs if probs is not None else logits.softmax(dim=-1)
-        return probs.gather(-1, idx)[:, 0] < self.confidence_threshold
+            return torch.zeros(idx.shape, dtype=torch.bool, device=idx.device)
+        if probs is None:  # greedy: the draw is the argmax, whose probability is the law's largest (the same value)
+            return torch.lt(logits.softmax(dim=-1).amax(dim=-1, keepdim=True), self._threshold)
+        return torch.lt(probs.gather(-1, idx), self._threshold)
 
     def __call__(self, input_ids, cache, contexts, row_ids=None, attention_mask=None,
                  position_ids=None, compiled: bool = False) -> DraftedToken:

@@ -453,6 +453,13 @@ class SpeculativeEngine:
         self.step = DraftStep(assistant, self.processors, do_sample=self.do_sample,
                               confidence_threshold=confidence_threshold, stats=self.stats, vocab_size=self.vocab_size)
         self.step.defer_counts = True  # its draw counters are read once, at the end of the call
+        # EOS as a lookup table over every id a draft can be: a drafted token's check is one ``take``
+        # (``_drafted_eos``), not an ``isin`` per drafted position
+        self.eos_table = None
+        if self.eos is not None:
+            size = max(self.vocab_size, self.step.vocab_size, self.step.draft_width(), max(self.eos_set) + 1)
+            self.eos_table = torch.zeros(size, dtype=torch.bool, device=self.device)
+            self.eos_table[self.eos] = True
         self.lagged_stop = lags_reads(self.device)  # the confidence stop read one draft late (GPU: no stall)
         # a static cache starts with room for max_length plus one round's drafts (``_AlignedCache.reserve`` grows it)
         self.capacity = int(generation_config.max_length) + self.L + FORCED_ROOM + 1
@@ -674,7 +681,10 @@ class SpeculativeEngine:
         # per-row stops: only a draft constraint's (with a confidence stop alone, rows propose up to their EOS)
         proposes = torch.full((len(row_ids),), cap, dtype=torch.long, device=self.device) \
             if self.constraint is not None else None
-        stopped = torch.zeros(len(row_ids), dtype=torch.bool, device=self.device) if watch else None
+        # a confidence stop read at once (CPU, no draft constraint): each row's end found on the host; otherwise the
+        # rows' stops on the device
+        ended = [False] * len(row_ids) if watch and self.constraint is None and not self.lagged_stop else None
+        stopped = torch.zeros(len(row_ids), dtype=torch.bool, device=self.device) if watch and ended is None else None
         lagged = None  # (lagged_stop) the last draft's stop flag, on its way to the host
         n = forwards = 0
         while forwards < L and n < cap:
@@ -702,29 +712,29 @@ class SpeculativeEngine:
                 probs.append(d.probs[:, None])
             n += 1
             to_feed = d.token
-            if not watch:  # where rows stop (their first EOS) is found once, after the loop
-                if contexts is not None:
-                    contexts = [torch.cat([c, tok]) for c, tok in zip(contexts, d.token)]
-                continue
-            ends = d.unsure if d.unsure is not None else torch.zeros_like(stopped)
-            if self.eos is not None:
-                ends = ends | torch.isin(d.token[:, 0], self.eos)
-            if self.constraint is not None:  # the grammar advances on each draft: one read per drafted position
-                proposes = torch.where(~stopped & ends, n, proposes)
-                stopped |= ends
-                seen = read(torch.stack([d.token[:, 0], stopped.long()], dim=1), self.stats)
-                for r, (token, _) in zip(row_ids, seen):
-                    self.constraint.draft(r, token)
-                if all(x for _, x in seen):
+            if ended is not None:  # one read of the drafts, each marked -1 where unsure: the host finds the ends
+                seen = read(d.token.masked_fill(d.unsure, -1), self.stats)
+                ended = [e or t < 0 or t in self.eos_set for e, (t,) in zip(ended, seen)]
+                if all(ended):
                     break
-            else:
-                stopped |= ends
-                if self.lagged_stop:  # the previous draft's flag, taken while this draft's work runs: stops a
-                    earlier, lagged = lagged, LaggedRead(stopped.all(), self.stats)  # draft late, exact, no stall
+            elif watch:
+                ends = d.unsure.view(-1) if d.unsure is not None else torch.zeros_like(stopped)
+                if self.eos is not None:
+                    ends = ends | self._drafted_eos(d.token.view(-1))
+                if self.constraint is not None:  # the grammar advances on each draft: one read per drafted position
+                    proposes = torch.where(~stopped & ends, n, proposes)
+                    stopped |= ends
+                    seen = read(torch.stack([d.token[:, 0], stopped.long()], dim=1), self.stats)
+                    for r, (token, _) in zip(row_ids, seen):
+                        self.constraint.draft(r, token)
+                    if all(x for _, x in seen):
+                        break
+                else:  # (lagged_stop) the previous draft's flag, taken while this draft's work runs: stops a draft
+                    stopped |= ends  # late, exact, no stall
+                    earlier, lagged = lagged, LaggedRead(stopped.all(), self.stats)
                     if earlier is not None and earlier.value():
                         break
-                elif read(stopped.all(), self.stats):
-                    break
+            # (without a watch, where rows stop, their first EOS, is found once after the loop)
             if contexts is not None:
                 contexts = [torch.cat([c, tok]) for c, tok in zip(contexts, d.token)]
         tokens = torch.cat(tokens if before is None else [before, *tokens], dim=1)
@@ -739,8 +749,12 @@ class SpeculativeEngine:
         n = drafts.shape[1]
         if self.eos is None:
             return torch.full((drafts.shape[0],), n, dtype=torch.long, device=self.device)
-        ends = torch.isin(drafts, self.eos)
+        ends = self._drafted_eos(drafts)
         return torch.where(ends.any(dim=1), ends.long().argmax(dim=1) + 1, n)
+
+    def _drafted_eos(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Where ``tokens`` (drafted target ids, any shape) are an EOS id, on the device (``eos_table``)."""
+        return torch.take(self.eos_table, tokens)
 
     def _read_drafts(self, drafts: torch.Tensor, proposes: torch.Tensor | None, after: torch.Tensor | None = None):
         """One read of a round's drafts (B, n), with ``after`` (B, m) where given (greedy: the target's argmax):
