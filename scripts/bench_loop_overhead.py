@@ -2,14 +2,16 @@
 
 A tiny random Llama target and, as drafter, the same weights trimmed to the whole vocabulary: every draft is
 accepted (checked), L = 5, greedy, no EOS (every call emits all its new tokens), batch 1 and 4 (batch 4 forced
-to speculate: ``batched_speculation="on"``). The drafter's steps (``DraftStep.logits``: body + head) and the
-target's forwards are wrapped with timers; the engine's own share of a round is the loop's wall time
+to speculate: ``batched_speculation="on"``). ``--checks`` adds what a default drafter's call checks at every
+drafted position, a confidence stop and an EOS id, set so that neither fires (every round still drafts all L).
+The drafter's steps (``DraftStep.logits``: body + head) and the target's forwards are wrapped with timers; the engine's own share of a round is the loop's wall time
 (``SpeculativeEngine.run``) minus those forwards. Host syncs per round come from ``SpeculationStats.host_syncs``
 (generation/host.py counts every device-to-host read of the loop). Repeats after one warm-up call; median and
 range. Prints a markdown table naming the machine.
 
     .venv/bin/python scripts/bench_loop_overhead.py                # 256 new tokens, 5 repeats, batch 1 and 4
     .venv/bin/python scripts/bench_loop_overhead.py --quick        # a smoke test (seconds)
+    .venv/bin/python scripts/bench_loop_overhead.py --checks       # + a default drafter's per-draft checks
     .venv/bin/python scripts/bench_loop_overhead.py --device cuda  # where a GPU is lent
 """
 
@@ -28,6 +30,7 @@ from hf_vocabspec.generation import draft_step, engine
 
 VOCAB = 64
 NEVER_UNSURE = 1e-6  # a confidence threshold no draft falls below (a draw's probability is far above it)
+CHECKS = "per-draft checks (a stop that never fires, an EOS never drawn)"
 
 
 def tiny_pair(device: str, eos: bool = False):
@@ -142,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
 def table(args, target, drafter, timers: Timers) -> None:
     info = machine_info()
     print(f"Loop overhead, tiny llama (every draft accepted), L={args.draft_length}, {args.new_tokens} new tokens, "
-          f"greedy, {'per-draft checks (a stop that never fires, an EOS never drawn)' if args.checks else 'no per-draft checks'}, "
+          f"greedy, {CHECKS if args.checks else 'no per-draft checks'}, "
           f"{args.repeats} repeats (median (min-max)); {info['cpu']}, {info['torch_threads']} torch "
           f"threads, device {args.device}, torch {info['torch']}, transformers {info['transformers']}, "
           f"{info['date']}\n")

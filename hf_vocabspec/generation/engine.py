@@ -453,11 +453,12 @@ class SpeculativeEngine:
         self.step = DraftStep(assistant, self.processors, do_sample=self.do_sample,
                               confidence_threshold=confidence_threshold, stats=self.stats, vocab_size=self.vocab_size)
         self.step.defer_counts = True  # its draw counters are read once, at the end of the call
-        # EOS as a lookup table over every id a draft can be: a drafted token's check is one ``take``
-        # (``_drafted_eos``), not an ``isin`` per drafted position
+        # EOS as a lookup table over every id a draft can be, for the checks made on the device (a lagged stop, a
+        # draft constraint, ``_proposes_on_device``): one ``take`` (``_drafted_eos``), not an ``isin``
         self.eos_table = None
         if self.eos is not None:
-            size = max(self.vocab_size, self.step.vocab_size, self.step.draft_width(), max(self.eos_set) + 1)
+            size = max(self.vocab_size, self.step.vocab_size, self.step.draft_width(),
+                       max(self.eos_set, default=-1) + 1)
             self.eos_table = torch.zeros(size, dtype=torch.bool, device=self.device)
             self.eos_table[self.eos] = True
         self.lagged_stop = lags_reads(self.device)  # the confidence stop read one draft late (GPU: no stall)
@@ -718,9 +719,9 @@ class SpeculativeEngine:
                 if all(ended):
                     break
             elif watch:
-                ends = d.unsure.view(-1) if d.unsure is not None else torch.zeros_like(stopped)
+                ends = d.unsure.reshape(-1) if d.unsure is not None else torch.zeros_like(stopped)
                 if self.eos is not None:
-                    ends = ends | self._drafted_eos(d.token.view(-1))
+                    ends = ends | self._drafted_eos(d.token.reshape(-1))
                 if self.constraint is not None:  # the grammar advances on each draft: one read per drafted position
                     proposes = torch.where(~stopped & ends, n, proposes)
                     stopped |= ends
