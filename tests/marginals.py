@@ -6,6 +6,7 @@ with a deliberately wrong q, which must FAIL (power)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from scipy import stats
 from tiny import EOS, VOCAB, make_pair
@@ -22,6 +23,9 @@ import hf_vocabspec
 
 PVALUE_THRESHOLD = 1e-3
 N_DRAWS = 2000
+# A power check draws a quarter as many: a wrong law must fail already on the first POWER_DRAWS of the same seeded
+# stream (the full check's N_DRAWS include them; its statistic only grows with more draws under a wrong law).
+POWER_DRAWS = N_DRAWS // 4
 PROMPT = torch.tensor([[1, 5, 7, 12, 9]])
 
 
@@ -93,9 +97,9 @@ def chi2_pvalue(samples: torch.Tensor, probs: torch.Tensor) -> float:
 
 
 def check_lossless(target, drafter, knobs, pruned_probe: int | None = None, prompt=PROMPT, batch: int = 1,
-                   num_assistant_tokens: int = 2, max_new_tokens: int = 3) -> dict:
+                   num_assistant_tokens: int = 2, max_new_tokens: int = 3, n: int = N_DRAWS) -> dict:
     p1, p2 = exact_marginals(target, prompt, knobs)
-    samples = draw(target, drafter, knobs, prompt=prompt, batch=batch, num_assistant_tokens=num_assistant_tokens,
+    samples = draw(target, drafter, knobs, n=n, prompt=prompt, batch=batch, num_assistant_tokens=num_assistant_tokens,
                    max_new_tokens=max_new_tokens)
     result = {"p_first": chi2_pvalue(samples[:, 0], p1), "p_second": chi2_pvalue(samples[:, 1], p2)}
     assert result["p_first"] >= PVALUE_THRESHOLD, result
@@ -109,6 +113,18 @@ def check_lossless(target, drafter, knobs, pruned_probe: int | None = None, prom
         assert expect > 0.02, "test setup: the probe token should carry real target mass"
         assert z < 4.0, result
     return result
+
+
+def check_detected(target, drafter, knobs, n: int = POWER_DRAWS, **kwargs) -> str:
+    """Power: :func:`check_lossless` on a deliberately wrong law, row or protocol must FAIL, already with ``n``
+    draws (``POWER_DRAWS``; ``n=N_DRAWS`` for a wrong law that moves little mass). Returns the failing assertion's
+    text (the p-values, or the probe's z).
+
+    Measured (machine B, 2026-12-01): at POWER_DRAWS every power check's smallest p-value was below 1e-25, except
+    the untied context tokens' wrong q, which passed there and keeps N_DRAWS (p 0.96 / 1.3e-6 at 2000)."""
+    with pytest.raises(AssertionError) as failed:
+        check_lossless(target, drafter, knobs, n=n, **kwargs)
+    return str(failed.value)
 
 
 def pruned_drafter(kind="llama", n_pruned=24, seed=0):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from marginals import check_lossless, pruned_drafter
+from marginals import check_detected, check_lossless, pruned_drafter
 from tiny import VOCAB, make_pair
 from torch import nn
 from transformers import StoppingCriteria, StoppingCriteriaList
@@ -296,8 +296,7 @@ def test_wrong_packed_kernel_is_detected(lossless_pair, monkeypatch, packed):
         return out.roll(1, dims=-2) if name == "packed" and x.numel() // x.shape[-1] > 1 else out
 
     monkeypatch.setattr(kernels, "_run", wrong)
-    with pytest.raises(AssertionError):
-        check_lossless(target, drafter, {"temperature": 0.9}, pruned_probe=probe)
+    check_detected(target, drafter, {"temperature": 0.9}, pruned_probe=probe)
 
 
 # --- int8 copies: one more candidate for a drafter's layers ----------------------------------------------------
@@ -413,6 +412,5 @@ def test_a_law_other_than_the_int8_drawn_one_is_detected(lossless_pair, monkeypa
         return idx, (None if probs is None else (logits / 0.5).softmax(dim=-1))
 
     monkeypatch.setattr(DraftStep, "draw", wrong)
-    with pytest.raises(AssertionError):
-        check_lossless(target, drafter, {"temperature": 0.9}, pruned_probe=probe)
+    check_detected(target, drafter, {"temperature": 0.9}, pruned_probe=probe)
     assert any(name == "int8" for _, name, _ in int8)
