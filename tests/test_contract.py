@@ -721,6 +721,27 @@ def test_power_a_loop_blind_to_drafted_eos_breaks_the_stop_rule(batch, monkeypat
     assert _drafting_violations(rounds)
 
 
+def test_the_hosts_confidence_comparison_decides_as_the_devices():
+    """The read-at-once stop compares each draft's probability on the host (``DraftStep.host_threshold``); it must
+    decide as ``DraftedToken.unsure`` (float32 on the device) does, also at the threshold's float32 value itself,
+    and the greedy draw that comes with the probability is the logits' argmax."""
+    from types import SimpleNamespace
+
+    from hf_vocabspec.generation.draft_step import DraftedToken, DraftStep, as_float32
+
+    for t in (0.4, 0.1, 1e-6, 0.0245):
+        threshold = torch.tensor(t, dtype=torch.float32)
+        at = threshold.clone()
+        for c in (torch.nextafter(at, torch.tensor(0.0)), at, torch.nextafter(at, torch.tensor(1.0))):
+            d = DraftedToken(None, None, None, c.reshape(1, 1), threshold)
+            assert d.unsure.item() == (c.item() < as_float32(t)), (t, c.item())
+        assert d.unsure.item() is False and DraftedToken(None, None, None, at.reshape(1, 1) / 2, threshold).unsure.item()
+    logits = torch.randn(64, 50, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    idx, probs, confidence = DraftStep.draw_with_confidence(SimpleNamespace(do_sample=False), logits)
+    assert probs is None and torch.equal(idx, logits.argmax(dim=-1, keepdim=True))
+    assert torch.allclose(confidence, logits.softmax(dim=-1).amax(dim=-1, keepdim=True))
+
+
 # --- a target whose embedding is padded past the tokenizer (Qwen2.5-7B: 152,064 rows, its 0.5B drafter: 151,936) ---
 PADDED = VOCAB + 8
 

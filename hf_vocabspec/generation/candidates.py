@@ -114,7 +114,8 @@ class TrimmedCandidateGenerator(AssistedCandidateGenerator):
                 laws.append(drafted.probs)
             seq = torch.cat([seq, drafted.token], dim=1)
             to_feed = drafted.token
-            stop = drafted.unsure.any() if drafted.unsure is not None else None  # transformers' ConfidenceCriteria:
+            unsure = drafted.unsure
+            stop = unsure.any() if unsure is not None else None  # transformers' ConfidenceCriteria:
             if self.eos is not None:  # stop after an unsure draft, and (as transformers' loop) at an EOS
                 eos = torch.isin(drafted.token, self.eos).any()
                 stop = eos if stop is None else stop | eos

@@ -17,6 +17,7 @@ emitted token); a grammar can still guide drafts through a draft constraint of i
 
 from __future__ import annotations
 
+import struct
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -36,6 +37,11 @@ from .stats import SpeculationStats
 from .vocabulary import DraftVocabulary, is_stateless, is_value_only
 
 
+def as_float32(value: float) -> float:
+    """``value`` rounded to float32, as a Python float (what a float32 tensor of it holds; no tensor read)."""
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
 @dataclass
 class DraftedToken:
     """One drafted position for every row of a batch."""
@@ -43,8 +49,16 @@ class DraftedToken:
     idx: torch.Tensor  # (B, 1) draft-space index of the draw
     token: torch.Tensor  # (B, 1) target id (RDK may have moved a kept draw to a pruned neighbour)
     probs: torch.Tensor | None  # (B, n_ids) the law the draw came from (sampling only), over the draft space
-    unsure: torch.Tensor | None  # (B, 1) bool: the drafter gave its draw less than the confidence threshold (None:
-    # no threshold is set)
+    confidence: torch.Tensor | None = None  # (B, 1) float32: the drafter's probability of its draw (None: no
+    # confidence threshold is set)
+    threshold: torch.Tensor | None = None  # the 0-d float32 threshold ``confidence`` is compared with
+
+    @property
+    def unsure(self) -> torch.Tensor | None:
+        """(B, 1) bool: the drafter gave its draw less than the confidence threshold (transformers'
+        ConfidenceCriteria; None: no threshold is set). One op, on the device; a loop that reads every drafted
+        position anyway compares ``confidence`` on the host instead (:attr:`DraftStep.host_threshold`)."""
+        return None if self.confidence is None else torch.lt(self.confidence, self.threshold)
 
 
 class _RowAware:
@@ -201,8 +215,10 @@ class DraftStep:
         self.trimmed = isinstance(assistant, TrimmedDrafter)
         self.do_sample = bool(do_sample)
         self.confidence_threshold = float(confidence_threshold or 0.0)
-        # the threshold as a 0-d tensor of the laws' dtype: compared without wrapping a Python float every draft
+        # the threshold as a 0-d tensor of the laws' dtype: compared without wrapping a Python float every draft;
+        # on the host as the same float32 value (a host comparison decides as the device's would)
         self._threshold = torch.tensor(self.confidence_threshold, dtype=torch.float32)
+        self.host_threshold = as_float32(self.confidence_threshold)
         self.stats = stats if stats is not None else SpeculationStats()
         self.vocab = None
         self.rdk = None
@@ -373,14 +389,15 @@ class DraftStep:
             setattr(self.stats, name, getattr(self.stats, name) + value)
         self._counts = {}
 
-    def is_unsure(self, logits: torch.Tensor, idx: torch.Tensor, probs: torch.Tensor | None) -> torch.Tensor:
-        """transformers' ConfidenceCriteria: the drafter's probability of its own draw is below the threshold
-        (greedy or sampled: the stop depends on the drafter's draws only, so verification stays exact)."""
-        if not self.confidence_threshold:
-            return torch.zeros(idx.shape, dtype=torch.bool, device=idx.device)
-        if probs is None:  # greedy: the draw is the argmax, whose probability is the law's largest (the same value)
-            return torch.lt(logits.softmax(dim=-1).amax(dim=-1, keepdim=True), self._threshold)
-        return torch.lt(probs.gather(-1, idx), self._threshold)
+    def draw_with_confidence(self, logits: torch.Tensor):
+        """(idx, probs, confidence (B, 1)): the draw and the drafter's probability of it, for transformers'
+        ConfidenceCriteria (greedy or sampled: the stop depends on the drafter's draws only, so verification stays
+        exact). Greedy: one ``max`` of the law gives the argmax and its probability (the law's largest) together."""
+        if self.do_sample:
+            idx, probs = self.draw(logits)
+            return idx, probs, probs.gather(-1, idx)
+        confidence, idx = logits.softmax(dim=-1).max(dim=-1, keepdim=True)
+        return idx, None, confidence
 
     def __call__(self, input_ids, cache, contexts, row_ids=None, attention_mask=None,
                  position_ids=None, compiled: bool = False) -> DraftedToken:
@@ -390,14 +407,17 @@ class DraftStep:
             logits = self.constrain(logits, row_ids if row_ids is not None else list(range(logits.shape[0])))
         if self.processors:
             logits = self.process(logits, contexts, row_ids)
-        idx, probs = self.draw(logits) if self.do_sample else (logits.argmax(dim=-1, keepdim=True), None)
+        confidence = None
+        if self.confidence_threshold:
+            idx, probs, confidence = self.draw_with_confidence(logits)
+        else:
+            idx, probs = self.draw(logits) if self.do_sample else (logits.argmax(dim=-1, keepdim=True), None)
         vocab = self.vocab
         # the common case in one op: draft index -> target id (``to_tokens`` without RDK or context tokens)
         token = (torch.take(vocab.ids, idx) if vocab is not None and self.rdk is None and not vocab.num_context
                  else self.to_tokens(idx))
         self.stats.draft_steps += 1
-        return DraftedToken(idx, token, probs,
-                            self.is_unsure(logits, idx, probs) if self.confidence_threshold else None)
+        return DraftedToken(idx, token, probs, confidence, self._threshold)
 
     # --- the exact law --------------------------------------------------------------------------------------
     def q_target(self, probs: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -686,6 +686,7 @@ class SpeculativeEngine:
         # rows' stops on the device
         ended = [False] * len(row_ids) if watch and self.constraint is None and not self.lagged_stop else None
         stopped = torch.zeros(len(row_ids), dtype=torch.bool, device=self.device) if watch and ended is None else None
+        threshold = self.step.host_threshold
         lagged = None  # (lagged_stop) the last draft's stop flag, on its way to the host
         n = forwards = 0
         while forwards < L and n < cap:
@@ -713,13 +714,14 @@ class SpeculativeEngine:
                 probs.append(d.probs[:, None])
             n += 1
             to_feed = d.token
-            if ended is not None:  # one read of the drafts, each marked -1 where unsure: the host finds the ends
-                seen = read(d.token.masked_fill(d.unsure, -1), self.stats)
-                ended = [e or t < 0 or t in self.eos_set for e, (t,) in zip(ended, seen)]
+            if ended is not None:  # one read of the drafts and their probabilities: the host finds the ends
+                seen, sure = read((d.token, d.confidence), self.stats)
+                ended = [e or c < threshold or t in self.eos_set for e, (t,), (c,) in zip(ended, seen, sure)]
                 if all(ended):
                     break
             elif watch:
-                ends = d.unsure.reshape(-1) if d.unsure is not None else torch.zeros_like(stopped)
+                unsure = d.unsure
+                ends = unsure.reshape(-1) if unsure is not None else torch.zeros_like(stopped)
                 if self.eos is not None:
                     ends = ends | self._drafted_eos(d.token.reshape(-1))
                 if self.constraint is not None:  # the grammar advances on each draft: one read per drafted position

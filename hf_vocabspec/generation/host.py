@@ -18,13 +18,17 @@ from __future__ import annotations
 import torch
 
 
-def read(tensor: torch.Tensor, stats=None, *, setup: bool = False):
-    """``tensor.tolist()`` (a Python scalar for a 0-d tensor), counted in ``stats`` as one host sync."""
+def read(tensor: torch.Tensor | tuple[torch.Tensor, ...], stats=None, *, setup: bool = False):
+    """``tensor.tolist()`` (a Python scalar for a 0-d tensor), counted in ``stats`` as one host sync. A tuple of
+    tensors: a tuple of their lists, one sync (the first read waits for the queue; the others find their values
+    computed), without an op to pack them into one tensor."""
     if stats is not None:
         if setup:
             stats.setup_syncs += 1
         else:
             stats.host_syncs += 1
+    if isinstance(tensor, tuple):
+        return tuple(t.tolist() for t in tensor)
     return tensor.tolist()
 
 
