@@ -727,14 +727,16 @@ def test_the_hosts_confidence_comparison_decides_as_the_devices():
     and the greedy draw that comes with the probability is the logits' argmax."""
     from types import SimpleNamespace
 
-    from hf_vocabspec.generation.draft_step import DraftedToken, DraftStep, as_float32
+    from hf_vocabspec.generation.draft_step import DraftedToken, DraftStep
 
-    for t in (0.4, 0.1, 1e-6, 0.0245):
+    drafter = pair("llama")[1]
+    for t in (0.4, 0.1, 1e-6, 0.0245):  # 1e-6 and 0.0245 round down to float32: a float64 host comparison fails
+        step = DraftStep(drafter, LogitsProcessorList(), do_sample=False, confidence_threshold=t)
         threshold = torch.tensor(t, dtype=torch.float32)
         at = threshold.clone()
         for c in (torch.nextafter(at, torch.tensor(0.0)), at, torch.nextafter(at, torch.tensor(1.0))):
             d = DraftedToken(None, None, None, c.reshape(1, 1), threshold)
-            assert d.unsure.item() == (c.item() < as_float32(t)), (t, c.item())
+            assert d.unsure.item() == (c.item() < step.host_threshold), (t, c.item())
         assert d.unsure.item() is False and DraftedToken(None, None, None, at.reshape(1, 1) / 2, threshold).unsure.item()
     logits = torch.randn(64, 50, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     idx, probs, confidence = DraftStep.draw_with_confidence(SimpleNamespace(do_sample=False), logits)
