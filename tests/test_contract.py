@@ -737,7 +737,8 @@ def test_the_hosts_confidence_comparison_decides_as_the_devices():
         for c in (torch.nextafter(at, torch.tensor(0.0)), at, torch.nextafter(at, torch.tensor(1.0))):
             d = DraftedToken(None, None, None, c.reshape(1, 1), threshold)
             assert d.unsure.item() == (c.item() < step.host_threshold), (t, c.item())
-        assert d.unsure.item() is False and DraftedToken(None, None, None, at.reshape(1, 1) / 2, threshold).unsure.item()
+        assert d.unsure.item() is False  # (the last probability: just above the threshold)
+        assert DraftedToken(None, None, None, at.reshape(1, 1) / 2, threshold).unsure.item()
     logits = torch.randn(64, 50, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     idx, probs, confidence = DraftStep.draw_with_confidence(SimpleNamespace(do_sample=False), logits)
     assert probs is None and torch.equal(idx, logits.argmax(dim=-1, keepdim=True))
