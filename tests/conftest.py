@@ -18,6 +18,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # `make test` runs the suite on every core (pytest-xdist, one worker a core): one torch thread a worker, or two
     # workers' thread pools fight over the same cores (tiny models are dispatch-bound anyway).
     torch.set_num_threads(1)
+    # The same for the processes tests start (the README's blocks and commands, the CLI, accelerate launch): a child
+    # with a thread a core beside the other worker spins on cores that are taken (the README's api chain took 230 s
+    # in the suite against 38 s alone, machine D, 2026-12-02). A test that sets it itself keeps its own value.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session", autouse=True)
