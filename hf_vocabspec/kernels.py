@@ -58,10 +58,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .modeling import QUANTIZED_MAX_ROWS, quantization_ops_available, quantize_weight
+from .modeling import QUANTIZED_MAX_ROWS, quantization_ops_available, quantize_weight, serve_quantized
 
 __all__ = ["DRAFT_CANDIDATES", "EXACT_ROWS", "MARGIN", "MAX_ROWS", "MEMORY_SHARE", "TRIALS", "FastLinears",
-           "KernelChoice", "KernelKey", "available", "choices", "fast_linears", "packed_linear", "release", "rows_bucket", "settle_choices",
+           "KernelChoice", "KernelKey", "available", "choices", "compiled_int8_copies", "fast_linears", "packed_linear",
+           "release", "rows_bucket", "settle_choices",
            "trials_run", "wants_fast_linears", "wants_int8_copies"]
 
 MAX_ROWS = 64
@@ -247,12 +248,16 @@ def _run(name: str, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         if packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, packed, module.bias, "none", [], "")
     elif name == "int8":
-        q = _int8(module)
-        flat = x.reshape(-1, x.shape[-1])
-        y = torch.ops.aten._weight_int8pack_mm(flat.contiguous(), q.weight, q.scales)
-        y = y.reshape(*x.shape[:-1], y.shape[-1])
-        return y if module.bias is None else y + module.bias
+        return _int8_mm(_int8(module), module, x)
     return F.linear(x, module.weight, module.bias)
+
+
+def _int8_mm(q, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` through its int8 copy ``q`` (torch's weight-only int8 CPU kernel)."""
+    flat = x.reshape(-1, x.shape[-1])
+    y = torch.ops.aten._weight_int8pack_mm(flat.contiguous(), q.weight, q.scales)
+    y = y.reshape(*x.shape[:-1], y.shape[-1])
+    return y if module.bias is None else y + module.bias
 
 
 # Row counts up to this are keyed as they are; longer forwards share a choice per power of two.
@@ -414,13 +419,16 @@ class FastLinears:
     layers: int = 0
     reason: str = ""
     draft_layers: int = 0
+    compiled_int8_layers: int = 0  # the drafter body's layers its compiled steps run on int8 copies (compiled_int8_copies)
 
     def __str__(self) -> str:
         if not self.layers:
             return f"F.linear ({self.reason})"
         draft = f", the drafter's {self.draft_layers} with int8 copies as candidates" if self.draft_layers else ""
+        traced = (f"; the drafter's compiled steps on int8 copies of {self.compiled_int8_layers} layers"
+                  if self.compiled_int8_layers else "")
         return (f"fast linears on {self.layers} layers{draft}"
-                + (f" (the rest F.linear: {self.reason})" if self.reason else ""))
+                + (f" (the rest F.linear: {self.reason})" if self.reason else "") + traced)
 
 
 def _copy_bytes(module: nn.Linear, draft: bool) -> int:
@@ -479,6 +487,35 @@ def fast_linears(*models: nn.Module, enabled: bool = True, draft: Iterable[nn.Mo
             module.forward = (_draft_forward if is_draft else _forward).__get__(module, nn.Linear)
             stack.callback(module.__dict__.pop, "forward", None)
         yield report
+
+
+@contextmanager
+def compiled_int8_copies(model: nn.Module | None, enabled: bool = True) -> Iterator[int]:
+    """Within the block, every eligible ``nn.Linear`` of ``model`` (a drafter's body whose steps run compiled,
+    ``compile_draft_step``) runs its weight-only int8 copy for forwards of up to QUANTIZED_MAX_ROWS rows through the
+    forward a ``quantize_weights("int8")`` drafter's layers run (``modeling.serve_quantized``), which torch.compile
+    traces into the step's graph; restored on exit. Yields the layers so served (0: disabled,
+    no int8 kernel in this torch, or copies that would not fit in MEMORY_SHARE of available memory).
+
+    Why: the eager fast linears choose per layer by timed trials, which a compiled graph cannot run; what the
+    compiler traces is otherwise ``F.linear`` on the bf16 weights, and then the compiled step was slower than the
+    eager one with its int8 copies (pair G on machine D, 2026-12-02: 24.1 against 21.3 ms per drafted token). With
+    the copies traced the step reads half the bytes with its small ops fused, as a ``quantize_weights("int8")``
+    drafter's compiled step does (14.4 ms there). Every layer takes the copy: the eager trials kept it on every
+    layer of pair G's drafter, and on pair Q's every layer int8 beat the trials' own mix (``DRAFT_CANDIDATES``).
+    Like the eager copies it changes what the drafter proposes, never the output, and leaves the weights as they
+    are."""
+    layers = []
+    if enabled and model is not None and quantization_ops_available("int8"):
+        layers = [m for m in model.modules() if _eligible(m)]
+        free = _available_bytes()
+        if free is not None and sum(m.weight.numel() for m in layers if m not in _INT8) > MEMORY_SHARE * free:
+            layers = []
+    with ExitStack() as stack:
+        for module in layers:
+            serve_quantized(module, _int8(module))  # the forward of quantize_weights("int8") drafters' layers
+            stack.callback(serve_quantized, module, None)
+        yield len(layers)
 
 
 def wants_fast_linears(assistant) -> bool:

@@ -229,6 +229,17 @@ def _quantized_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return y if self.bias is None else y + self.bias
 
 
+def serve_quantized(module: nn.Linear, q: _QuantizedWeight | None) -> None:
+    """Give ``module`` the int kernel's forward on its copy ``q`` (from :func:`quantize_weight`): forwards of up to
+    QUANTIZED_MAX_ROWS rows run the kernel, traceable by torch.compile; ``q=None`` takes it away again."""
+    if q is None:
+        module.__dict__.pop("_vocabspec_quantized", None)
+        module.__dict__.pop("forward", None)
+        return
+    module.__dict__["_vocabspec_quantized"] = q
+    module.forward = _quantized_forward.__get__(module, nn.Linear)
+
+
 def _refresh(module: nn.Linear, q: _QuantizedWeight) -> _QuantizedWeight:
     q = quantize_weight(module.weight, q.scheme)[0]
     module.__dict__["_vocabspec_quantized"] = q
@@ -252,8 +263,7 @@ def apply_weight_quantization(modules: Iterable[nn.Module], scheme: str | None, 
     modules = list(modules)
     for module in modules:
         if "_vocabspec_quantized" in module.__dict__:
-            del module.__dict__["_vocabspec_quantized"]
-            module.__dict__.pop("forward", None)
+            serve_quantized(module, None)
     if scheme is None:
         return 0
     if not quantization_ops_available(scheme):
@@ -269,8 +279,7 @@ def apply_weight_quantization(modules: Iterable[nn.Module], scheme: str | None, 
         if write_values:
             with torch.no_grad():
                 module.weight.copy_(values.to(module.weight.dtype))
-        module.__dict__["_vocabspec_quantized"] = q._replace(stamp=_stamp(module.weight))
-        module.forward = _quantized_forward.__get__(module, nn.Linear)
+        serve_quantized(module, q._replace(stamp=_stamp(module.weight)))
     return len(todo)
 
 

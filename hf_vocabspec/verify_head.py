@@ -34,8 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kernels import FastLinears, KernelChoice, KernelKey, fast_linears, wants_fast_linears, wants_int8_copies
-from .modeling import TrimmedDrafter, cache_kwarg
+from .kernels import (FastLinears, KernelChoice, KernelKey, compiled_int8_copies, fast_linears, wants_fast_linears,
+                      wants_int8_copies)
+from .modeling import TrimmedDrafter, cache_kwarg, model_body
 
 # Row counts above this are prefill-like: GEMM kernels are efficient there, keep the original head.
 MAX_ROWS = 64
@@ -175,7 +176,7 @@ def verify_head(model: nn.Module, enabled: bool = True) -> Iterator[bool]:
 
 @contextmanager
 def generate_kernels(target: nn.Module, assistant, compiled: bool = False,
-                     compiled_draft: bool = False) -> Iterator[FastLinears]:
+                     compiled_draft: bool = False, head: bool = True) -> Iterator[FastLinears]:
     """The one kernel choice of a generate call with one of our assistants (``generation.hooks`` enters only this):
     the fast linears (:func:`hf_vocabspec.kernels.fast_linears`) on the target's and drafter's linear layers unless
     ``use_fast_linears`` is off (the drafter's with their int8 copies among the candidates unless ``use_int8_copies``
@@ -184,13 +185,19 @@ def generate_kernels(target: nn.Module, assistant, compiled: bool = False,
     the verify head serves only where they do not (see :mod:`hf_vocabspec.kernels` for why both exist). Yields the
     fast linears' report (``stats.kernels``). ``compiled`` (the verify and the draft steps run compiled): neither,
     so the layers stay what the compiler traces; ``compiled_draft`` (only a trimmed drafter's steps run compiled,
-    ``compiles_draft_step``): the fast linears on the target and the drafter's head, not its body."""
+    ``compiles_draft_step``): the fast linears on the target and the drafter's head, and on its body (what the
+    compiler traces) the int8 copies as traced layers (:func:`hf_vocabspec.kernels.compiled_int8_copies`; unless
+    ``use_fast_linears`` or ``use_int8_copies`` is off). ``head=False``: without the verify head (``tune``'s timed
+    steps, whose verify timing enters it itself)."""
     # compiled draft steps: the drafter's body is what the compiler traces; its head (outside the compiled call)
     # keeps the fast linears (and its int8 copy among their candidates)
     draft = assistant.lm_head if compiled_draft else assistant
-    with fast_linears(target, enabled=not compiled and wants_fast_linears(assistant), draft=(draft,),
-                      int8=wants_int8_copies(assistant)) as fast, \
-            verify_head(target, enabled=not compiled and wants_verify_head(assistant)):
+    fast_on = not compiled and wants_fast_linears(assistant)
+    with fast_linears(target, enabled=fast_on, draft=(draft,), int8=wants_int8_copies(assistant)) as fast, \
+            compiled_int8_copies(model_body(assistant) if compiled_draft else None,
+                                 enabled=compiled_draft and fast_on and wants_int8_copies(assistant)) as traced, \
+            verify_head(target, enabled=head and not compiled and wants_verify_head(assistant)):
+        fast.compiled_int8_layers = traced
         yield fast
 
 

@@ -479,25 +479,34 @@ def test_power_compiled_drafter_misaligned_drafts_differently(monkeypatch):
 def test_compile_draft_step_alone_compiles_only_the_drafters_steps(monkeypatch):
     """``drafter.compile_draft_step = True`` (no static cache, no compile_config): the drafter's steps after its
     first run through torch.compile (a real Inductor compile, static shapes) on a static cache of its own, the
-    target eager with the fast linears, the drafter's head too; its body keeps its own layers for the compiler.
-    Left-padded rows: output identical to target-only, and the compiled steps draft what the eager steps draft."""
+    target eager with the fast linears, the drafter's head too; its body's layers run their int8 copies as functions
+    the compiler traces (``kernels.compiled_int8_copies``: no trials, no fast linears inside the graph).
+    Left-padded rows: output identical to target-only, and the compiled steps draft what eager steps on the same
+    int8 copies draft."""
     from hf_vocabspec.generation import draft_step
 
     target, drafter = pair("llama")
     ids, mask = prompts(3)
     kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=10)
     ref = target.generate(**kw)
-    target.generate(**kw, assistant_model=drafter)
+    with kernels.compiled_int8_copies(drafter.model) as traced:  # eager steps on the copies the compiled ones trace
+        target.generate(**kw, assistant_model=drafter)
     eager = drafter.last_speculation_stats
+    body = sorted(id(m) for m in drafter.model.modules() if isinstance(m, torch.nn.Linear))
+    if not traced:  # no int8 kernel in this torch: the body keeps its own layers for the compiler
+        body = []
     compiled_call = draft_step.compiled_call
-    seen, wrapped = [], []
+    seen, wrapped, traced_layers = [], [], []
 
     def counted(module, options):
         seen.append(options)
         compiled = compiled_call(module, options)
 
         def call(*args, **kwargs):
-            wrapped.append(sorted(id(m) for m in module.modules() if "forward" in m.__dict__))
+            wrapped.append(sorted(id(m) for m in module.modules() if "forward" in m.__dict__
+                                  and "_vocabspec_quantized" not in m.__dict__))
+            traced_layers.append(sorted(id(m) for m in module.modules() if "forward" in m.__dict__
+                                        and "_vocabspec_quantized" in m.__dict__))
             return compiled(*args, **kwargs)
         return call
 
@@ -510,27 +519,46 @@ def test_compile_draft_step_alone_compiles_only_the_drafters_steps(monkeypatch):
     assert "drafter steps compiled" in stats.kernels
     assert seen and seen[0]["dynamic"] is False and len(wrapped) == stats.draft_steps - 1, (seen, len(wrapped))
     assert all(not w for w in wrapped)  # no fast linears inside what the compiler traces
+    assert all(t == body for t in traced_layers), (len(body), [len(t) for t in traced_layers])
+    if traced:
+        assert f"compiled steps on int8 copies of {len(body)} layers" in stats.kernels, stats.kernels
     assert stats.per_round_accepted == eager.per_round_accepted
 
 
 @pytest.mark.skipif(not kernels.available(), reason="this torch has no oneDNN packed kernels")
 def test_compiled_draft_steps_keep_the_fast_linears_off_the_drafters_body():
     """The one kernel choice with compiled draft steps alone: the fast linears on the target and on the drafter's
-    head (outside the compiled call), not on the body the compiler traces; with nothing compiled, on all three."""
+    head (outside the compiled call), not on the body the compiler traces, whose layers run their int8 copies as
+    traced functions (none with ``use_int8_copies`` or ``use_fast_linears`` off); with nothing compiled, the fast
+    linears on all three."""
     import copy
 
+    from hf_vocabspec.modeling import quantization_ops_available
     from hf_vocabspec.verify_head import generate_kernels
 
     target, drafter = (copy.deepcopy(m).float() for m in pair("llama"))
+    body = {id(m) for m in drafter.model.modules() if isinstance(m, torch.nn.Linear)}
 
-    def swapped(module):
-        return {id(m) for m in module.modules() if "forward" in m.__dict__}
+    def swapped(module, traced=False):
+        return {id(m) for m in module.modules() if "forward" in m.__dict__
+                and ("_vocabspec_quantized" in m.__dict__) is traced}
 
-    with generate_kernels(target, drafter, compiled_draft=True):
+    with generate_kernels(target, drafter, compiled_draft=True) as fast:
         assert swapped(target) and id(drafter.lm_head) in swapped(drafter) and not swapped(drafter.model)
+        if quantization_ops_available("int8"):
+            assert swapped(drafter.model, traced=True) == body and fast.compiled_int8_layers == len(body)
+            assert f"compiled steps on int8 copies of {len(body)} layers" in str(fast)
+    for off in ("use_int8_copies", "use_fast_linears"):
+        setattr(drafter, off, False)
+        try:
+            with generate_kernels(target, drafter, compiled_draft=True) as fast:
+                assert not swapped(drafter.model, traced=True) and not fast.compiled_int8_layers, off
+        finally:
+            delattr(drafter, off)
     with generate_kernels(target, drafter):
         assert swapped(target) and id(drafter.lm_head) in swapped(drafter) and swapped(drafter.model)
-    assert not swapped(target) and not swapped(drafter)  # restored
+        assert not swapped(drafter, traced=True)
+    assert not swapped(target) and not swapped(drafter) and not swapped(drafter, traced=True)  # restored
 
 
 def test_compile_draft_step_passed_to_generate_names_where_it_lives():

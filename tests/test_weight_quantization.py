@@ -186,6 +186,50 @@ def test_a_law_other_than_the_drawn_one_is_detected(lossless_pair, monkeypatch):
         drafter.quantize_weights(None)
 
 
+@pytest.mark.skipif(not modeling.quantization_ops_available("int8"), reason="this torch has no int8 CPU kernel")
+@pytest.mark.parametrize("wrong", [False, True], ids=["copies", "power-wrong-copies"])
+def test_compiled_draft_steps_of_an_unquantized_drafter_trace_its_int8_copies(wrong, monkeypatch):
+    """``compile_draft_step`` on an unquantized drafter: its body's layers run int8 copies traced into the step's
+    graph (``kernels.compiled_int8_copies``, the forward of ``quantize_weights("int8")``; the eager fast linears'
+    trials cannot run inside a graph), with no graph break; the output is target-only's; the compiled steps draft
+    what eager steps on the same copies draft, and ``stats.kernels`` names them. Power: copies with their scales
+    negated (a wrong copy) must draft otherwise, the output still target-only's."""
+    from torch._dynamo.utils import counters
+
+    from hf_vocabspec import kernels
+
+    target, base = make_pair("llama", seed=3, head_scale=8.0)
+    drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)) + [3, 5])
+    body = [m for m in drafter.model.modules() if isinstance(m, nn.Linear)]
+    ids = torch.randint(3, VOCAB, (1, 9), generator=torch.Generator().manual_seed(1))
+    kw = dict(do_sample=False, max_new_tokens=20, assistant_model=drafter)
+    ref = target.generate(ids, do_sample=False, max_new_tokens=20)
+    with kernels.compiled_int8_copies(drafter.model) as traced:  # eager steps on the copies
+        assert traced == len(body)
+        assert torch.equal(target.generate(ids, **kw), ref)
+    eager = drafter.last_speculation_stats.per_round_accepted
+    if wrong:
+        serve = kernels.serve_quantized
+        monkeypatch.setattr(kernels, "serve_quantized",
+                            lambda m, q: serve(m, None if q is None else q._replace(scales=-q.scales)))
+    drafter.compile_draft_step = True
+    try:
+        breaks = sum(counters["graph_break"].values())
+        out = target.generate(ids, **kw)
+        breaks = sum(counters["graph_break"].values()) - breaks
+    finally:
+        drafter.compile_draft_step = False
+    stats = drafter.last_speculation_stats
+    assert torch.equal(out, ref), (ref.tolist(), out.tolist())
+    assert stats.compiled_draft and breaks == 0, (stats.compiled_draft, breaks)
+    assert f"compiled steps on int8 copies of {len(body)} layers" in stats.kernels, stats.kernels
+    assert not any("_vocabspec_quantized" in m.__dict__ or "forward" in m.__dict__ for m in body)  # restored
+    if wrong:
+        assert stats.per_round_accepted != eager, eager
+    else:
+        assert stats.per_round_accepted == eager, (stats.per_round_accepted, eager)
+
+
 @pytest.mark.parametrize("scheme", WEIGHT_QUANTIZATIONS)
 def test_compiled_draft_steps_trace_the_int_kernels_without_breaks(scheme):
     """``compile_draft_step`` on a quantized drafter (a real Inductor compile): the int kernels are traced into the

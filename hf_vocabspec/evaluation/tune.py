@@ -317,8 +317,7 @@ def measure_throughput(
     (with generate's compile options; the fast linears then on the heads only, as generate keeps them)."""
     from ..cost import measure_draft_latency
     from ..generation.hooks import draft_compile_options
-    from ..kernels import fast_linears, wants_fast_linears, wants_int8_copies
-    from ..verify_head import measure_verify_latency
+    from ..verify_head import generate_kernels, measure_verify_latency
 
     load_before, busy_before = load_check()
     if acceptance == "drafter":
@@ -334,10 +333,8 @@ def measure_throughput(
     widths = tuple(sorted({int(n) + 1 for n in draft_lengths}))
     # the timed part: draft steps per k, verify forwards per L+1, with the linear kernels generate will run
     options = draft_compile_options(target) if compile_draft_step else None
-    # compiled steps: the body is what the compiler traces, the head keeps the fast linears (generate_kernels)
-    draft = drafter.get_output_embeddings() if compile_draft_step else drafter
-    with OtherLoad() as others, fast_linears(target, enabled=wants_fast_linears(drafter), draft=(draft,),
-                                             int8=wants_int8_copies(drafter)):
+    # the kernels generate runs (compiled steps: the head keeps the fast linears, the body its traced int8 copies)
+    with OtherLoad() as others, generate_kernels(target, drafter, compiled_draft=compile_draft_step, head=False):
         curve = measure_draft_latency(drafter, profile.ks, context_length=context_length, repeats=repeats,
                                       compile_options=options)
         if verify is None or not set(widths) <= set(verify.ms):
