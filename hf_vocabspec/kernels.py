@@ -248,16 +248,12 @@ def _run(name: str, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         if packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, packed, module.bias, "none", [], "")
     elif name == "int8":
-        return _int8_mm(_int8(module), module, x)
+        q = _int8(module)
+        flat = x.reshape(-1, x.shape[-1])
+        y = torch.ops.aten._weight_int8pack_mm(flat.contiguous(), q.weight, q.scales)
+        y = y.reshape(*x.shape[:-1], y.shape[-1])
+        return y if module.bias is None else y + module.bias
     return F.linear(x, module.weight, module.bias)
-
-
-def _int8_mm(q, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``module(x)`` through its int8 copy ``q`` (torch's weight-only int8 CPU kernel)."""
-    flat = x.reshape(-1, x.shape[-1])
-    y = torch.ops.aten._weight_int8pack_mm(flat.contiguous(), q.weight, q.scales)
-    y = y.reshape(*x.shape[:-1], y.shape[-1])
-    return y if module.bias is None else y + module.bias
 
 
 # Row counts up to this are keyed as they are; longer forwards share a choice per power of two.
@@ -435,7 +431,12 @@ def _copy_bytes(module: nn.Linear, draft: bool) -> int:
     """Memory the copies not yet made of ``module`` will take: packed (the weight's size), int8 (a byte a value)."""
     weight = module.weight
     more = 0 if module in _PACKED else weight.numel() * weight.element_size()
-    return more + (weight.numel() if draft and module not in _INT8 else 0)
+    return more + (_int8_bytes(module) if draft else 0)
+
+
+def _int8_bytes(module: nn.Linear) -> int:
+    """Memory ``module``'s int8 copy will take if not yet made (a byte a value)."""
+    return 0 if module in _INT8 else module.weight.numel()
 
 
 @contextmanager
@@ -509,7 +510,7 @@ def compiled_int8_copies(model: nn.Module | None, enabled: bool = True) -> Itera
     if enabled and model is not None and quantization_ops_available("int8"):
         layers = [m for m in model.modules() if _eligible(m)]
         free = _available_bytes()
-        if free is not None and sum(m.weight.numel() for m in layers if m not in _INT8) > MEMORY_SHARE * free:
+        if free is not None and sum(map(_int8_bytes, layers)) > MEMORY_SHARE * free:
             layers = []
     with ExitStack() as stack:
         for module in layers:
