@@ -201,11 +201,13 @@ class TrimmedDrafterConfig(PreTrainedConfig):
     verify_head: bool = True
     """Verify with hf_vocabspec.verify_head (the target's LM head reading its weight once for the L+1 rows). The
     runtime switch ``drafter.use_verify_head`` reads and writes this field."""
-    compile_draft_step: bool = False
+    compile_draft_step: bool | str = False
     """Run the drafter's one-token steps compiled (``torch.compile`` on a static cache of its own): Inductor fuses what
-    the eager step dispatches op by op; the first generate call pays the compiles, later ones reuse them. The runtime
-    switch ``drafter.compile_draft_step`` reads and writes this field (``tune --compile-draft-step`` saves it on where
-    it timed the steps that way); checkpoints saved without the field keep it off."""
+    the eager step dispatches op by op; the call that compiles pays the compiles, later ones reuse them. True: from the
+    first call; "auto" (what ``trim_drafter`` gives a new drafter): once its eager steps have cost what the compiles
+    are expected to, kept only where measured faster (``generation.autocompile``); False: never. The runtime switch
+    ``drafter.compile_draft_step`` reads and writes this field (``tune --compile-draft-step`` saves it on where it
+    timed the steps that way, off where it timed them eager); checkpoints saved without the field keep it off."""
     weight_quantization: str | None = None
     """None, or one of ``WEIGHT_QUANTIZATIONS``: the drafter's linear layers (body and kept head) hold weight-only
     quantized values and draft through torch's int kernels (CPU; their copies made at load), cutting the bytes a
@@ -233,6 +235,14 @@ def check_switch(name: str, value: object, fix: str) -> bool:
     if isinstance(value, bool):
         return value
     raise ValueError(f"{name} must be True or False (got {value!r}): {fix}.")
+
+
+def check_compile_draft_step(value: object, fix: str) -> bool | str:
+    """``compile_draft_step``: True, False or "auto" (``generation.autocompile``); anything else refused in one line
+    ending with ``fix``."""
+    if isinstance(value, bool) or value == "auto":
+        return value
+    raise ValueError(f"compile_draft_step must be True, False or \"auto\" (got {value!r}): {fix}.")
 
 
 def check_weight_quantization(value: object) -> str | None:

@@ -37,7 +37,7 @@ from .configuration import (
     VocabularyMapError,
     check_batched_speculation,
     check_drafting_settings,
-    check_switch,
+    check_compile_draft_step,
     check_weight_quantization,
 )
 
@@ -353,15 +353,16 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
         self.config.verify_head = value
 
     @property
-    def compile_draft_step(self) -> bool:
-        """Run the one-token draft steps compiled (``generation.hooks.compiles_draft_step``; the first call pays the
+    def compile_draft_step(self) -> bool | str:
+        """Run the one-token draft steps compiled: True always, "auto" once the eager ones have cost what compiling
+        is expected to, False never (``generation.hooks.compiles_draft_step``; the call that compiles pays the
         compiles). The value of ``config.compile_draft_step`` (False where a checkpoint was saved without it)."""
         return getattr(self.config, "compile_draft_step", False)
 
     @compile_draft_step.setter
     def compile_draft_step(self, value) -> None:
-        self.config.compile_draft_step = check_switch("compile_draft_step", value,
-                                                      "set drafter.compile_draft_step = True or False")
+        self.config.compile_draft_step = check_compile_draft_step(
+            value, "set drafter.compile_draft_step = True, False or \"auto\"")
 
     @property
     def use_rdk(self):
@@ -675,8 +676,8 @@ class TrimmedDrafter(PreTrainedModel, GenerationMixin):
         model.validate_vocab_map()
         model.validate_rdk_buffers()  # a kernel announced in config must be present and sound
         model.validate_context_head(info.get("missing_keys", ()))  # kept pruned rows announced in config: present, sound
-        check_switch("compile_draft_step", model.compile_draft_step, f"set \"compile_draft_step\": true or false in "
-                     f"config.json of the drafter in {os.fspath(where)!r}, or re-save the drafter")
+        check_compile_draft_step(model.compile_draft_step, f"set \"compile_draft_step\": true, false or \"auto\" in "
+                                 f"config.json of the drafter in {os.fspath(where)!r}, or re-save the drafter")
         scheme = check_weight_quantization(getattr(model.config, "weight_quantization", None))
         if scheme is not None:
             model.quantize_weights(scheme, _loading=True)

@@ -525,6 +525,104 @@ def test_compile_draft_step_alone_compiles_only_the_drafters_steps(monkeypatch):
     assert stats.per_round_accepted == eager.per_round_accepted
 
 
+def _stand_in_compile(monkeypatch, fail: bool = False) -> list[int]:
+    """``draft_step.compiled_call`` as an eager stand-in (no compile; ``fail``: a compile that raises); returns the
+    widths the "compiled" drafter call is fed, as they arrive."""
+    from hf_vocabspec.generation import draft_step
+
+    fed: list[int] = []
+
+    def compiled_call(module, options):
+        def call(**kwargs):
+            fed.append(kwargs["input_ids"].shape[1])
+            if fail:
+                raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
+            return module(**kwargs)
+        return call
+
+    monkeypatch.setattr(draft_step, "compiled_call", compiled_call)
+    return fed
+
+
+def test_auto_compile_draft_step_compiles_once_its_eager_steps_cost_the_budget(monkeypatch):
+    """``compile_draft_step="auto"`` (what trim_drafter gives a new drafter): the first call runs eager (nothing
+    measured yet); once its eager steps have cost AUTO_COMPILE_AFTER_SECONDS (0 here) the next calls compile, with
+    one warning: their steps after the first run the compiled call (an eager stand-in) on the drafter's static cache.
+    A Gemma-3-shaped drafter (sliding window 4, prompts past it): every static layer of that cache holds one width,
+    the compiled step's bucket (a sliding layer once kept only the call's capacity: one mask did not fit all
+    layers). Output identical to target-only, left-padded rows and one row alone."""
+    import weakref
+
+    from hf_vocabspec.generation import autocompile
+
+    target, drafter = pair("gemma3")
+    assert drafter.compile_draft_step == "auto"
+    monkeypatch.setattr(autocompile, "_RECORDS", weakref.WeakKeyDictionary())
+    monkeypatch.setattr(autocompile, "AUTO_COMPILE_AFTER_SECONDS", 0.0)
+    monkeypatch.setattr(autocompile, "CHECK_STEPS", 10**9)  # no verdict from the stand-in's timing
+    fed = _stand_in_compile(monkeypatch)
+    ids, mask = prompts(3)
+    kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=12)
+    ref = target.generate(**kw)
+    out = target.generate(**kw, assistant_model=drafter)
+    assert torch.equal(out, ref) and not fed and not drafter.last_speculation_stats.compiled_draft
+    record = autocompile.record_of(drafter)
+    assert record.eager_steps == drafter.last_speculation_stats.draft_steps > 0
+    with pytest.warns(UserWarning, match='compiling the drafter.s draft steps .compile_draft_step="auto"'):
+        out = target.generate(**kw, assistant_model=drafter)
+    assert torch.equal(out, ref), (ref.tolist(), out.tolist())
+    stats = drafter.last_speculation_stats
+    assert stats.compiled_draft and 'compile_draft_step="auto" after' in stats.kernels, stats.kernels
+    assert len(fed) == stats.draft_steps - 1 and set(fed) == {1}, fed
+    assert record.compiled_steps == stats.draft_steps and record.eager_steps == record.eager_steps
+    ids, _ = prompts(1)
+    ref = target.generate(input_ids=ids, do_sample=False, max_new_tokens=12)
+    out = target.generate(input_ids=ids, do_sample=False, max_new_tokens=12, assistant_model=drafter)
+    assert torch.equal(out, ref) and drafter.last_speculation_stats.compiled_draft
+
+
+def test_auto_compile_keeps_compiled_steps_only_where_they_pay_and_survives_a_failed_compile(monkeypatch):
+    """The "auto" rule on measured seconds: eager until the eager steps cost AUTO_COMPILE_AFTER_SECONDS; a call that
+    compiled a graph is the compile's cost, not the steps'; after CHECK_STEPS compiled steps it keeps them where
+    faster than eager, else goes back to eager for good. A compile that fails (no C++ compiler) costs nothing but
+    speed: one warning, the call finishes eager with the target-only output, and later calls stay eager."""
+    import weakref
+
+    from hf_vocabspec.generation import autocompile
+
+    rule = autocompile.AutoCompile()
+    rule.record(False, 0.6 * autocompile.AUTO_COMPILE_AFTER_SECONDS, 1000)
+    assert not rule.compiles()
+    rule.record(False, 0.6 * autocompile.AUTO_COMPILE_AFTER_SECONDS, 1000)
+    assert rule.compiles() and not rule.verdict
+    rule.record(True, 500.0, 100, compiled_graphs=True)  # the compiling call: not the steps' speed
+    assert rule.compiled_steps == 0 and rule.compiles()
+    slow = autocompile.AutoCompile(**{**vars(rule)})
+    per_eager = rule.eager_seconds / rule.eager_steps
+    rule.record(True, 0.5 * per_eager * autocompile.CHECK_STEPS, autocompile.CHECK_STEPS)
+    assert rule.verdict == "compiled" and rule.compiles()
+    slow.record(True, 1.5 * per_eager * autocompile.CHECK_STEPS, autocompile.CHECK_STEPS)
+    assert slow.verdict.startswith("eager (compiled steps took") and not slow.compiles()
+
+    target, drafter = pair("llama")
+    monkeypatch.setattr(autocompile, "_RECORDS", weakref.WeakKeyDictionary())
+    monkeypatch.setattr(autocompile, "AUTO_COMPILE_AFTER_SECONDS", 0.0)
+    monkeypatch.setattr(drafter, "compile_draft_step", "auto", raising=False)
+    fed = _stand_in_compile(monkeypatch, fail=True)
+    ids, mask = prompts(3)
+    kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=10)
+    ref = target.generate(**kw)
+    target.generate(**kw, assistant_model=drafter)  # eager: measures the eager steps
+    with pytest.warns(UserWarning, match="compiling the drafter.s steps failed .RuntimeError: InvalidCxxCompiler"):
+        out = target.generate(**kw, assistant_model=drafter)
+    assert torch.equal(out, ref), (ref.tolist(), out.tolist())
+    assert len(fed) == 1 and "InvalidCxxCompiler" in drafter.last_speculation_stats.draft_compile_failure
+    record = autocompile.record_of(drafter)
+    assert record.verdict.startswith("eager (its compile failed: RuntimeError") and not record.compiles()
+    out = target.generate(**kw, assistant_model=drafter)
+    assert torch.equal(out, ref) and len(fed) == 1 and not drafter.last_speculation_stats.compiled_draft
+
+
 @pytest.mark.skipif(not kernels.available(), reason="this torch has no oneDNN packed kernels")
 def test_compiled_draft_steps_keep_the_fast_linears_off_the_drafters_body():
     """The one kernel choice with compiled draft steps alone: the fast linears on the target and on the drafter's

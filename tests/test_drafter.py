@@ -193,10 +193,10 @@ def test_runtime_switches_are_views_of_their_config_fields(tmp_path, pair):
     assert drafter.config.context_tokens is False and drafter.config.verify_head is False
     drafter.config.verify_head = True
     assert drafter.use_verify_head is True
-    assert drafter.compile_draft_step is False
+    assert drafter.compile_draft_step == "auto"  # a new trim: compiled once a job pays the compiles (autocompile)
     drafter.compile_draft_step = True
     assert drafter.config.compile_draft_step is True
-    with pytest.raises(ValueError, match="compile_draft_step must be True or False"):
+    with pytest.raises(ValueError, match='compile_draft_step must be True, False or "auto" .got .yes..: set drafter'):
         drafter.compile_draft_step = "yes"
     drafter.save_pretrained(tmp_path / "d")
     loaded = TrimmedDrafter.from_pretrained(tmp_path / "d")
@@ -205,7 +205,7 @@ def test_runtime_switches_are_views_of_their_config_fields(tmp_path, pair):
     assert compiles_draft_step(loaded)
     path = tmp_path / "d" / "config.json"  # an edited config.json: refused at load, in one line naming the fix
     path.write_text(json.dumps({**json.loads(path.read_text()), "compile_draft_step": "yes"}))
-    with pytest.raises(ValueError, match="compile_draft_step must be True or False.*config.json"):
+    with pytest.raises(ValueError, match='compile_draft_step must be True, False or "auto".*config.json'):
         TrimmedDrafter.from_pretrained(tmp_path / "d")
     assert loaded.use_rdk is False  # no kernel attached: nothing to switch on
     loaded.use_rdk = False

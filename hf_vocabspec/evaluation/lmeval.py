@@ -73,9 +73,10 @@ class VocabSpecLM(HFLM):
     """HFLM whose generate calls draft with a trimmed drafter (``drafter=``; without one it is the ``hf`` backend).
 
     ``drafter_dtype`` defaults to the dtype the drafter was saved in (``dtype`` is the target's, as in HFLM).
-    ``compile_draft_step=True`` / ``False``: the drafter's steps run compiled or eager (``drafter.compile_draft_step``;
-    default: as the drafter was saved; compiled, the first request pays the compiles, every later one reuses them:
-    what a task of many prompts wants on a CPU).
+    ``compile_draft_step=True`` / ``False`` / ``auto``: the drafter's steps run compiled, eager, or compiled once the
+    eager ones have cost what the compiles are expected to (``drafter.compile_draft_step``; default: as the drafter
+    was saved, "auto" for a new trim; compiled, one request pays the compiles, every later one reuses them: what a
+    task of many prompts wants on a CPU).
 
     ``pretrained`` / ``drafter`` may also be loaded models (the Python route, ``simple_evaluate(model=...)``).
     Under ``accelerate launch`` on CPU (no GPUs) the requests are split across the processes too, which lm-eval's
@@ -83,7 +84,7 @@ class VocabSpecLM(HFLM):
     """
 
     def __init__(self, pretrained: str | Any, drafter: str | Any = None, drafter_dtype: str | None = None,
-                 compile_draft_step: bool | None = None, **kwargs: Any) -> None:
+                 compile_draft_step: bool | str | None = None, **kwargs: Any) -> None:
         tokenizer = kwargs.get("tokenizer")
         if isinstance(drafter, str) and isinstance(pretrained, str):
             check_drafter_for(drafter, pretrained, tokenizer if isinstance(tokenizer, str) else None)
@@ -99,8 +100,8 @@ class VocabSpecLM(HFLM):
         self._split_on_cpu()
         self.drafter_name = drafter if isinstance(drafter, str) else getattr(drafter, "name_or_path", None)
         self.drafter = self._load_drafter(drafter, drafter_dtype)
-        if compile_draft_step not in (None, True, False):
-            raise ValueError(f"compile_draft_step takes True or False, got {compile_draft_step!r}: "
+        if compile_draft_step not in (None, True, False, "auto"):
+            raise ValueError(f"compile_draft_step takes True, False or auto, got {compile_draft_step!r}: "
                              "--model_args ...,compile_draft_step=True")
         if self.drafter is not None and compile_draft_step is not None:
             self.drafter.compile_draft_step = compile_draft_step  # compiled once, reused by every request's generate

@@ -244,13 +244,35 @@ class DraftStep:
         # ``compile``: a static cache of this many columns and the compiled forward for every step but the first
         self.static_length = 0
         self._compiled = None
+        self.fallible = False  # ``compile(fallible=True)``: a failing compile falls back to eager steps
 
-    def compile(self, options: dict, static_length: int) -> None:
-        """Run the drafter's forwards after its first (the prompt's) compiled, on static caches (``new_cache``)."""
+    def compile(self, options: dict, static_length: int, fallible: bool = False) -> None:
+        """Run the drafter's forwards after its first (the prompt's) compiled, on static caches (``new_cache``).
+        ``fallible`` (compile_draft_step="auto"): a compiled call that raises (a compile that fails) is dropped, with
+        one warning and its reason in ``stats.draft_compile_failure``, and the steps run eager on the same cache."""
         self.static_length = static_columns(static_length)
         body = self.body if self.trimmed else self.model
         refresh_weight_quantization(body)  # its traced int8/int4 layers do not check their weights themselves
         self._compiled = graph_call(compiled_call(body, options))
+        self.fallible = fallible
+
+    def _forward(self, eager, compiled: bool, **kwargs):
+        """``eager(**kwargs)``, or the compiled call where ``compiled`` and the step compiles (``compile``)."""
+        if not compiled or self._compiled is None:
+            return eager(**kwargs)
+        if not self.fallible:
+            return self._compiled(**kwargs)
+        try:
+            return self._compiled(**kwargs)
+        except Exception as error:  # compile_draft_step="auto": a failed compile costs speed, never the call
+            first = (str(error).strip().splitlines() or [""])[0]
+            reason = f"{type(error).__name__}: {first}"[:240]
+            self._compiled = None
+            self.stats.draft_compile_failure = reason
+            warnings.warn(f"hf_vocabspec: compiling the drafter's steps failed ({reason}); they run eager from now "
+                          "on (compile_draft_step=\"auto\"). Set drafter.compile_draft_step = False to skip the "
+                          "attempt.", stacklevel=2)
+            return eager(**kwargs)
 
     @property
     def compiled(self) -> bool:
@@ -277,9 +299,8 @@ class DraftStep:
         """Last hidden states (trimmed drafter) of a forward on ``cache``; (B, n, hidden). ``compiled``: through
         the compiled forward (``compile``)."""
         input_ids = self._in_range(input_ids)
-        call = self._compiled if compiled and self._compiled is not None else self.body
-        out = call(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                   use_cache=True, **kwargs, **{cache_kwarg(self.body): cache})
+        out = self._forward(self.body, compiled, input_ids=input_ids, attention_mask=attention_mask,
+                            position_ids=position_ids, use_cache=True, **kwargs, **{cache_kwarg(self.body): cache})
         return out.last_hidden_state
 
     def logits(self, input_ids, cache, attention_mask=None, position_ids=None, compiled: bool = False) -> torch.Tensor:
@@ -287,10 +308,9 @@ class DraftStep:
         if self.trimmed:
             hidden = self.hidden(input_ids, cache, attention_mask, position_ids, compiled=compiled)
             return self.vocab.logits(hidden[:, -1]).float()
-        call = self._compiled if compiled and self._compiled is not None else self.model
-        out = call(input_ids=self._in_range(input_ids), attention_mask=attention_mask,
-                   position_ids=position_ids, use_cache=True, logits_to_keep=1,
-                   **{cache_kwarg(self.model): cache})
+        out = self._forward(self.model, compiled, input_ids=self._in_range(input_ids), attention_mask=attention_mask,
+                            position_ids=position_ids, use_cache=True, logits_to_keep=1,
+                            **{cache_kwarg(self.model): cache})
         return out.logits[:, -1].float()
 
     def draft_width(self) -> int:

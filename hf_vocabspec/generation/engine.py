@@ -251,11 +251,14 @@ class _AlignedCache:
     def __init__(self, cache, capacity: int = 0):
         cache.activate_past_recording()  # convolution states keep their history until the round's rollback
         self.static = type(cache) is StaticCache
+        # one width for every static layer (one mask fits them all): the widest buffer or ``capacity`` (a sliding
+        # layer's buffer is its window; a compiled step's full layers are bucketed wider than ``capacity``)
+        columns = max([capacity] + [layer.max_cache_len for layer in cache.layers if isinstance(layer, StaticLayer)])
         for i, layer in enumerate(cache.layers):
             if isinstance(layer, DynamicSlidingWindowLayer):  # the mask applies the window; keep all columns
                 cache.layers[i] = DynamicLayer()
             elif isinstance(layer, StaticLayer):  # a full-length buffer (also for sliding / chunked layers)
-                cache.layers[i] = StaticLayer(max_cache_len=max(capacity, layer.max_cache_len))
+                cache.layers[i] = StaticLayer(max_cache_len=columns)
         if getattr(cache, "layer_class_to_replicate", None) is DynamicSlidingWindowLayer:
             cache.layer_class_to_replicate = DynamicLayer
         self.cache = cache
@@ -412,7 +415,8 @@ class SpeculativeEngine:
                  attention_mask: torch.Tensor | None, target_cache: DynamicCache | None, num_draft_tokens: int,
                  confidence_threshold: float = 0.0, speculation: str = "auto", streamer=None,
                  schedule: str = "constant", keep_scores: bool = False, keep_logits: bool = False,
-                 constrain_drafts: bool = True, target_call=None, compile_options: dict | None = None):
+                 constrain_drafts: bool = True, target_call=None, compile_options: dict | None = None,
+                 compile_fallible: bool = False):
         if speculation not in SPECULATION_MODES:
             raise ValueError(f"batched_speculation must be one of {SPECULATION_MODES}, got {speculation!r}: set "
                              "drafter.generation_config.batched_speculation to one of them.")
@@ -465,7 +469,7 @@ class SpeculativeEngine:
         # a static cache starts with room for max_length plus one round's drafts (``_AlignedCache.reserve`` grows it)
         self.capacity = int(generation_config.max_length) + self.L + FORCED_ROOM + 1
         if compile_options is not None:  # the drafter's steps compiled too, on a static cache of their own
-            self.step.compile(compile_options, self.capacity)
+            self.step.compile(compile_options, self.capacity, fallible=compile_fallible)
         self.target_cache = _AlignedCache(target_cache if target_cache is not None else
                                           DynamicCache(config=target.config.get_text_config(decoder=True)),
                                           capacity=self.capacity)

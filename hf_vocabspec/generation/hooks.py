@@ -47,8 +47,9 @@ from ..configuration import (
     drafter_setting_error,
 )
 from ..modeling import TrimmedDrafter, forward_has_cache, position_limit
+from . import autocompile
 from .candidates import TrimmedCandidateGenerator
-from .engine import SpeculativeEngine, static_layers_supported, unsupported_layer_types
+from .engine import SpeculativeEngine, compiled_graphs, static_layers_supported, unsupported_layer_types
 from .vocabulary import is_stateless
 
 _ORIGINALS: dict[str, object] = {}
@@ -316,7 +317,7 @@ def _engine_refusal(target, assistant, input_ids, generation_config, model_kwarg
 
 
 def _run_engine(target, assistant, bound: dict, kernels: str = "F.linear (not ours)", compiled: bool = False,
-                compiled_draft: bool = False):
+                compiled_draft: bool = False, compile_fallible: bool = False):
     """Every call with one of our drafters (and an untrimmed assistant at batch > 1) runs in our engine."""
     input_ids = bound["input_ids"]
     generation_config = bound["generation_config"]
@@ -342,7 +343,8 @@ def _run_engine(target, assistant, bound: dict, kernels: str = "F.linear (not ou
         constrain_drafts=check_constrain_drafts(
             getattr(getattr(assistant, "generation_config", None), "constrain_drafts", True)),
         target_call=target.get_compiled_call(generation_config.compile_config) if compiled else None,
-        compile_options=draft_compile_options(target, generation_config, compiled, compiled_draft))
+        compile_options=draft_compile_options(target, generation_config, compiled, compiled_draft),
+        compile_fallible=compile_fallible)
     engine.stats.kernels = kernels
     sequences = engine.run()
     assistant.last_speculation_stats = engine.stats
@@ -369,10 +371,14 @@ def draft_compile_options(target, generation_config=None, compiled: bool = False
 
 
 def compiles_draft_step(assistant) -> bool:
-    """Whether a trimmed drafter runs its draft steps compiled (``drafter.compile_draft_step = True``): its one-token
-    forwards after the prompt through ``torch.compile`` on a static cache of its own (Inductor fuses what the eager
-    step dispatches op by op), the target as without it. Off by default: the first call pays the compiles."""
-    return isinstance(assistant, TrimmedDrafter) and bool(getattr(assistant, "compile_draft_step", False))
+    """Whether a trimmed drafter runs this call's draft steps compiled: its one-token forwards after the prompt
+    through ``torch.compile`` on a static cache of its own (Inductor fuses what the eager step dispatches op by op),
+    the target as without it. ``drafter.compile_draft_step``: True always, False never, "auto" (a new drafter's
+    setting) once its eager steps have cost what the compiles are expected to (:mod:`.autocompile`)."""
+    if not isinstance(assistant, TrimmedDrafter):
+        return False
+    setting = getattr(assistant, "compile_draft_step", False)
+    return autocompile.record_of(assistant).compiles() if setting == autocompile.AUTO else bool(setting)
 
 
 def compiled_verify(target, bound: dict) -> bool:
@@ -502,6 +508,8 @@ def install() -> None:
             return assisted(self, *args, **kwargs)  # SSD: its candidate generator inside transformers' loop
         compiled = compiled_verify(self, bound)  # then the layers stay as compile sees them
         compiled_draft = not compiled and compiles_draft_step(assistant)  # the drafter's steps alone compiled
+        auto = (not compiled and isinstance(assistant, TrimmedDrafter)
+                and getattr(assistant, "compile_draft_step", False) == autocompile.AUTO)
         with _verify_head.generate_kernels(self, assistant, compiled=compiled,
                                            compiled_draft=compiled_draft) as fast:  # the one kernel choice
             if _TRANSFORMERS_LOOP.get() and input_ids.shape[0] == 1 and not stateful:
@@ -510,10 +518,20 @@ def install() -> None:
             scheme = getattr(getattr(assistant, "config", None), "weight_quantization", None)
             if scheme:
                 kernels += f"; drafter {scheme} weights on {getattr(assistant, 'quantized_layers', 0)} layers"
+            record = autocompile.record_of(assistant) if auto else None
             if compiled_draft:
-                kernels += "; drafter steps compiled (compile_draft_step)"
-            return _run_engine(self, assistant, bound, kernels=kernels, compiled=compiled,
-                               compiled_draft=compiled_draft)
+                kernels += f"; drafter steps compiled ({record.describe() if auto else 'compile_draft_step'})"
+                if auto and not record.compiled_steps:
+                    autocompile.warn_compiling(record)
+            graphs = compiled_graphs()
+            out = _run_engine(self, assistant, bound, kernels=kernels, compiled=compiled,
+                              compiled_draft=compiled_draft, compile_fallible=auto)
+            if auto:  # what the call's steps cost, for the next call's choice
+                stats = assistant.last_speculation_stats
+                record.record(compiled_draft, stats.draft_seconds, stats.draft_steps,
+                              compiled_graphs=compiled_graphs() != graphs,
+                              failure=stats.draft_compile_failure or None)
+            return out
 
     _get_candidate_generator.__wrapped__ = get_generator
     _validate_generation_mode.__wrapped__ = validate

@@ -37,6 +37,7 @@ class SpeculationStats:
     target_cache: str = ""  # the target's cache in the engine: "DynamicCache", or "StaticCache" (cache_implementation="static")
     compiled_verify: bool = False  # the target's forwards after the prompt ran its compiled call (static cache + compile)
     compiled_draft: bool = False  # the drafter's forwards after its first ran compiled, on a static cache of its own
+    draft_compile_failure: str = ""  # compile_draft_step="auto": why compiling the steps failed (they ran eager)
     kernels: str = ""  # "fast linears on N layers" or "F.linear (why)" (hf_vocabspec.kernels), "; drafter int4 weights on M layers"
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
