@@ -204,8 +204,8 @@ class TrimmedDrafterConfig(PreTrainedConfig):
     compile_draft_step: bool | str = False
     """Run the drafter's one-token steps compiled (``torch.compile`` on a static cache of its own): Inductor fuses what
     the eager step dispatches op by op; the call that compiles pays the compiles, later ones reuse them. True: from the
-    first call; "auto" (what ``trim_drafter`` gives a new drafter): once its eager steps have cost what the compiles
-    are expected to, kept only where measured faster (``generation.autocompile``); False: never. The runtime switch
+    first call; "auto": once its eager steps have cost what the compiles are expected to, kept only where measured
+    faster (``generation.autocompile``); False (a new trim's): never. The runtime switch
     ``drafter.compile_draft_step`` reads and writes this field (``tune --compile-draft-step`` saves it on where it
     timed the steps that way, off where it timed them eager); checkpoints saved without the field keep it off."""
     weight_quantization: str | None = None

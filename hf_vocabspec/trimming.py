@@ -158,7 +158,6 @@ def trim_drafter(
         # lossless, and it recovers most of what pruning costs on chat text (README, docs/rdk.md section 8)
         context_tokens=bool(body_cfg.get("tie_word_embeddings", False)) or keep_untied,
         context_head_size=len(pruned) if keep_untied else 0,
-        compile_draft_step="auto",  # compiled steps once a job is long enough to pay their compiles (autocompile)
     )
     dtype = head.weight.dtype
     with torch.device("meta"):

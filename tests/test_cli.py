@@ -600,11 +600,11 @@ def test_trim_keeping_the_whole_vocabulary_runs_and_reports_1x(capsys, cli_model
     rc, err = run_cli(capsys, "trim", "--drafter", str(model), "--dataset", str(chats), "--k", "64", "--dtype",
                       "float32", "--compile-draft-step", "--output", str(tmp_path / "whole"))
     assert rc == 0, err
-    # --compile-draft-step: saved on with the drafter (generate then compiles its steps); "auto" without the flag
+    # --compile-draft-step: saved on with the drafter (generate then compiles its steps); off without the flag
     assert json.loads((tmp_path / "whole" / "config.json").read_text())["compile_draft_step"] is True
     parse = build_parser().parse_args
     assert [parse(["trim", *extra]).compile_draft_step for extra in
-            ([], ["--compile-draft-step"], ["--compile-draft-step", "off"])] == ["auto", "on", "off"]
+            ([], ["--compile-draft-step"], ["--compile-draft-step", "auto"])] == ["off", "on", "auto"]
 
 
 def test_batch_bench_header_names_the_draft_length_rounds_of_several_rows_use():

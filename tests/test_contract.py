@@ -545,18 +545,19 @@ def _stand_in_compile(monkeypatch, fail: bool = False) -> list[int]:
 
 
 def test_auto_compile_draft_step_compiles_once_its_eager_steps_cost_the_budget(monkeypatch):
-    """``compile_draft_step="auto"`` (what trim_drafter gives a new drafter): the first call runs eager (nothing
+    """``compile_draft_step="auto"``: the first call runs eager (nothing
     measured yet); once its eager steps have cost AUTO_COMPILE_AFTER_SECONDS (0 here) the next calls compile, with
     one warning: their steps after the first run the compiled call (an eager stand-in) on the drafter's static cache.
     A Gemma-3-shaped drafter (sliding window 4, prompts past it): every static layer of that cache holds one width,
     the compiled step's bucket (a sliding layer once kept only the call's capacity: one mask did not fit all
     layers). Output identical to target-only, left-padded rows and one row alone."""
+    import warnings
     import weakref
 
     from hf_vocabspec.generation import autocompile
 
     target, drafter = pair("gemma3")
-    assert drafter.compile_draft_step == "auto"
+    monkeypatch.setattr(drafter, "compile_draft_step", "auto", raising=False)
     monkeypatch.setattr(autocompile, "_RECORDS", weakref.WeakKeyDictionary())
     monkeypatch.setattr(autocompile, "AUTO_COMPILE_AFTER_SECONDS", 0.0)
     monkeypatch.setattr(autocompile, "CHECK_STEPS", 10**9)  # no verdict from the stand-in's timing
@@ -577,8 +578,11 @@ def test_auto_compile_draft_step_compiles_once_its_eager_steps_cost_the_budget(m
     assert record.compiled_steps == stats.draft_steps and record.eager_steps == record.eager_steps
     ids, _ = prompts(1)
     ref = target.generate(input_ids=ids, do_sample=False, max_new_tokens=12)
-    out = target.generate(input_ids=ids, do_sample=False, max_new_tokens=12, assistant_model=drafter)
+    with warnings.catch_warnings(record=True) as seen:  # the warning is given once per drafter
+        warnings.simplefilter("always")
+        out = target.generate(input_ids=ids, do_sample=False, max_new_tokens=12, assistant_model=drafter)
     assert torch.equal(out, ref) and drafter.last_speculation_stats.compiled_draft
+    assert not [w for w in seen if "compiling the drafter" in str(w.message)]
 
 
 def test_auto_compile_keeps_compiled_steps_only_where_they_pay_and_survives_a_failed_compile(monkeypatch):

@@ -193,7 +193,9 @@ def test_runtime_switches_are_views_of_their_config_fields(tmp_path, pair):
     assert drafter.config.context_tokens is False and drafter.config.verify_head is False
     drafter.config.verify_head = True
     assert drafter.use_verify_head is True
-    assert drafter.compile_draft_step == "auto"  # a new trim: compiled once a job pays the compiles (autocompile)
+    assert drafter.compile_draft_step is False  # eager unless asked ("auto": generation/autocompile.py)
+    drafter.compile_draft_step = "auto"
+    assert drafter.config.compile_draft_step == "auto"
     drafter.compile_draft_step = True
     assert drafter.config.compile_draft_step is True
     with pytest.raises(ValueError, match='compile_draft_step must be True, False or "auto" .got .yes..: set drafter'):

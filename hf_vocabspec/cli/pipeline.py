@@ -237,7 +237,7 @@ def cmd_trim(args) -> int:
         scheme = weight_scheme(args.weight_quantization)
         if scheme:
             drafter.quantize_weights(scheme)
-        drafter.compile_draft_step = {"on": True, "off": False}.get(args.compile_draft_step, "auto")
+        drafter.compile_draft_step = {"on": True, "off": False, "auto": "auto"}[args.compile_draft_step]
         drafter.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         if not args.no_custom_generate:  # target.generate(custom_generate=<out>, trust_remote_code=True)
@@ -397,7 +397,7 @@ def register(sub) -> None:
     t.add_argument("--weight-quantization", choices=WEIGHT_QUANTIZATION_CHOICES, default="none",
                    help="weight-only quantized drafter (CPU int kernels; changes acceptance, never the output; "
                         "`hf-vocabspec tune --weight-quantizations none int8 int4` measures which pays)")
-    t.add_argument("--compile-draft-step", nargs="?", const="on", choices=("auto", "on", "off"), default="auto",
+    t.add_argument("--compile-draft-step", nargs="?", const="on", choices=("auto", "on", "off"), default="off",
                    help="the drafter's compile_draft_step: on (alone: the flag) = generate runs its one-token steps "
                         "compiled from the first call (torch.compile; that call pays the compiles, later calls reuse "
                         "them); auto = once its eager steps have cost what the compiles are expected to (long jobs); "

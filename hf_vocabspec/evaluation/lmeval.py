@@ -75,7 +75,7 @@ class VocabSpecLM(HFLM):
     ``drafter_dtype`` defaults to the dtype the drafter was saved in (``dtype`` is the target's, as in HFLM).
     ``compile_draft_step=True`` / ``False`` / ``auto``: the drafter's steps run compiled, eager, or compiled once the
     eager ones have cost what the compiles are expected to (``drafter.compile_draft_step``; default: as the drafter
-    was saved, "auto" for a new trim; compiled, one request pays the compiles, every later one reuses them: what a
+    was saved; compiled, one request pays the compiles, every later one reuses them: what a
     task of many prompts wants on a CPU).
 
     ``pretrained`` / ``drafter`` may also be loaded models (the Python route, ``simple_evaluate(model=...)``).

@@ -1,4 +1,4 @@
-"""``drafter.compile_draft_step = "auto"`` (what ``trim_drafter`` gives a new drafter): when to compile its steps.
+"""``drafter.compile_draft_step = "auto"``: when to compile a drafter's steps (opt-in; a new trim's setting is False).
 
 Compiled draft steps (``torch.compile`` on a static cache of the drafter's own, :meth:`DraftStep.compile`) run
 about twice as fast as eager ones on a CPU with the int8 copies traced (pair G, machine D, 2026-12-03: 26 against
@@ -13,6 +13,12 @@ After compiling, the rule checks that it paid: once compiled calls that compiled
 a compile that fails (no C++ compiler for Inductor, an op it cannot trace) does so at once, with one warning: the
 call that failed finishes with eager steps. Either way the output is the target's (both paths are exact); only the
 speed is at stake. ``True`` compiles from the first call, ``False`` never.
+
+Why it is not the default (measured, ``scripts/bench_auto_compile.py --prompts 100``, pair G, machine D's kind,
+2026-12-03): over 100 ShareGPT prompts x 48 tokens the eager default drafter gave 1.65x same-kernel target-only and
+"auto" 1.33x. It compiled after 55 prompts (61 s of eager steps), and every new cache bucket (256/512/1024 columns)
+and fed width then cost a graph of ~30 s, more than the 22 ms a step (54 -> 32) won back in the 45 prompts left. A
+rule per bucket (compile a bucket once its own eager steps have cost its measured compile) is the next step.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ class AutoCompile:
     compiled_seconds: float = 0.0  # calls that ran compiled and compiled nothing (the steps' own speed)
     compiled_steps: int = 0
     verdict: str = ""  # "" (deciding), "compiled" (kept), "eager (why)" (dropped for good)
+    warned: bool = False  # the one warning of the first compiling call was given
 
     def compiles(self) -> bool:
         """Whether the next call runs its steps compiled."""
@@ -88,7 +95,11 @@ def record_of(drafter) -> AutoCompile:
 
 
 def warn_compiling(record: AutoCompile) -> None:
-    """The one line a user sees when "auto" first compiles: why this call is slow, and how to keep steps eager."""
+    """The one line a user sees when "auto" first compiles: why this call is slow, and how to keep steps eager
+    (once per drafter: the calls after it may compile graphs of other shapes too)."""
+    if record.warned:
+        return
+    record.warned = True
     warnings.warn(f"hf_vocabspec: compiling the drafter's draft steps (compile_draft_step=\"auto\", after "
                   f"{record.eager_seconds:.0f} s of eager steps); this call pays the compiles. Set "
                   "drafter.compile_draft_step = False to keep them eager.", stacklevel=2)

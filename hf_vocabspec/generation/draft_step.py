@@ -30,6 +30,7 @@ from transformers.generation.logits_process import (
     RepetitionPenaltyLogitsProcessor,
 )
 
+from .._io import first_line
 from ..modeling import TrimmedDrafter, cache_kwarg, refresh_weight_quantization
 from ..rdk import drafter_kernel
 from .host import read
@@ -265,8 +266,7 @@ class DraftStep:
         try:
             return self._compiled(**kwargs)
         except Exception as error:  # compile_draft_step="auto": a failed compile costs speed, never the call
-            first = (str(error).strip().splitlines() or [""])[0]
-            reason = f"{type(error).__name__}: {first}"[:240]
+            reason = first_line(error, 240, with_type=True)
             self._compiled = None
             self.stats.draft_compile_failure = reason
             warnings.warn(f"hf_vocabspec: compiling the drafter's steps failed ({reason}); they run eager from now "

@@ -373,8 +373,7 @@ def draft_compile_options(target, generation_config=None, compiled: bool = False
 def compiles_draft_step(assistant) -> bool:
     """Whether a trimmed drafter runs this call's draft steps compiled: its one-token forwards after the prompt
     through ``torch.compile`` on a static cache of its own (Inductor fuses what the eager step dispatches op by op),
-    the target as without it. ``drafter.compile_draft_step``: True always, False never, "auto" (a new drafter's
-    setting) once its eager steps have cost what the compiles are expected to (:mod:`.autocompile`)."""
+    the target as without it. ``drafter.compile_draft_step``: True always, False never, "auto" once its eager steps have cost what the compiles are expected to (:mod:`.autocompile`)."""
     if not isinstance(assistant, TrimmedDrafter):
         return False
     setting = getattr(assistant, "compile_draft_step", False)
@@ -521,7 +520,7 @@ def install() -> None:
             record = autocompile.record_of(assistant) if auto else None
             if compiled_draft:
                 kernels += f"; drafter steps compiled ({record.describe() if auto else 'compile_draft_step'})"
-                if auto and not record.compiled_steps:
+                if auto:
                     autocompile.warn_compiling(record)
             graphs = compiled_graphs()
             out = _run_engine(self, assistant, bound, kernels=kernels, compiled=compiled,
