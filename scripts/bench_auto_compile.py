@@ -2,7 +2,7 @@
 
 One process, methods interleaved prompt by prompt (benchmark.compare_methods, one pass): target-only with the same
 fast linears, the default drafter (``trim_drafter`` at --coverage, no tune) with its steps held eager
-(``compile_draft_step=False``), and the same drafter with ``"auto"`` ( eager until its eager steps have cost
+(``compile_draft_step=False``), and the same drafter with ``"auto"`` (eager until its eager steps have cost
 ``autocompile.AUTO_COMPILE_AFTER_SECONDS``, then compiled, the compiles paid inside the job). Reports each method's
 tokens/s over the whole job and against target-only, and the auto rule's record (eager seconds, when it compiled,
 its verdict). Target in bf16 where the CPU has native bf16. Writes results.json and results.md under --output.

@@ -27,6 +27,7 @@ import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
+from ..configuration import check_compile_draft_step
 from ..generation.stats import SpeculationStats
 
 BACKEND = "hf-vocabspec"
@@ -75,8 +76,8 @@ class VocabSpecLM(HFLM):
     ``drafter_dtype`` defaults to the dtype the drafter was saved in (``dtype`` is the target's, as in HFLM).
     ``compile_draft_step=True`` / ``False`` / ``auto``: the drafter's steps run compiled, eager, or compiled once the
     eager ones have cost what the compiles are expected to (``drafter.compile_draft_step``; default: as the drafter
-    was saved; compiled, one request pays the compiles, every later one reuses them: what a
-    task of many prompts wants on a CPU).
+    was saved; compiled, one request pays the compiles, every later one reuses them: what a task of many prompts
+    wants on a CPU).
 
     ``pretrained`` / ``drafter`` may also be loaded models (the Python route, ``simple_evaluate(model=...)``).
     Under ``accelerate launch`` on CPU (no GPUs) the requests are split across the processes too, which lm-eval's
@@ -100,9 +101,8 @@ class VocabSpecLM(HFLM):
         self._split_on_cpu()
         self.drafter_name = drafter if isinstance(drafter, str) else getattr(drafter, "name_or_path", None)
         self.drafter = self._load_drafter(drafter, drafter_dtype)
-        if compile_draft_step not in (None, True, False, "auto"):
-            raise ValueError(f"compile_draft_step takes True, False or auto, got {compile_draft_step!r}: "
-                             "--model_args ...,compile_draft_step=True")
+        if compile_draft_step is not None:  # the drafter setting's own check, naming lm-eval's way to pass it
+            check_compile_draft_step(compile_draft_step, "--model_args ...,compile_draft_step=True")
         if self.drafter is not None and compile_draft_step is not None:
             self.drafter.compile_draft_step = compile_draft_step  # compiled once, reused by every request's generate
         self.speculation = SpeculationStats()

@@ -370,13 +370,17 @@ def draft_compile_options(target, generation_config=None, compiled: bool = False
     return options
 
 
+def compile_setting(assistant) -> bool | str:
+    """A trimmed drafter's ``compile_draft_step`` (True, False or "auto"); False for any other assistant."""
+    return getattr(assistant, "compile_draft_step", False) if isinstance(assistant, TrimmedDrafter) else False
+
+
 def compiles_draft_step(assistant) -> bool:
     """Whether a trimmed drafter runs this call's draft steps compiled: its one-token forwards after the prompt
     through ``torch.compile`` on a static cache of its own (Inductor fuses what the eager step dispatches op by op),
-    the target as without it. ``drafter.compile_draft_step``: True always, False never, "auto" once its eager steps have cost what the compiles are expected to (:mod:`.autocompile`)."""
-    if not isinstance(assistant, TrimmedDrafter):
-        return False
-    setting = getattr(assistant, "compile_draft_step", False)
+    the target as without it. ``drafter.compile_draft_step``: True always, False never, "auto" once its eager steps
+    have cost what the compiles are expected to (:mod:`.autocompile`)."""
+    setting = compile_setting(assistant)
     return autocompile.record_of(assistant).compiles() if setting == autocompile.AUTO else bool(setting)
 
 
@@ -507,8 +511,7 @@ def install() -> None:
             return assisted(self, *args, **kwargs)  # SSD: its candidate generator inside transformers' loop
         compiled = compiled_verify(self, bound)  # then the layers stay as compile sees them
         compiled_draft = not compiled and compiles_draft_step(assistant)  # the drafter's steps alone compiled
-        auto = (not compiled and isinstance(assistant, TrimmedDrafter)
-                and getattr(assistant, "compile_draft_step", False) == autocompile.AUTO)
+        auto = not compiled and compile_setting(assistant) == autocompile.AUTO
         with _verify_head.generate_kernels(self, assistant, compiled=compiled,
                                            compiled_draft=compiled_draft) as fast:  # the one kernel choice
             if _TRANSFORMERS_LOOP.get() and input_ids.shape[0] == 1 and not stateful:
