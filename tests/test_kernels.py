@@ -252,7 +252,11 @@ def test_greedy_identical_with_fast_linears(kind, packed):
         assert torch.equal(ref, out), (prompt, ref, out)
         assert any(name == "packed" and rows > 1 for name, rows in packed)  # the target's verify forwards
         assert all("forward" not in m.__dict__ for m in target.modules())  # restored after the call
+        assert all("forward" not in m.__dict__ for m in drafter.modules())
     assert drafter.last_speculation_stats.kernels.startswith("fast linears on")
+    # the drafter's RMSNorms ran F.rms_norm, each checked bitwise against its own forward
+    assert "RMSNorms fused" in drafter.last_speculation_stats.kernels
+    assert all(kernels._NORMS[m][3] for m in _norms(drafter))
 
 
 def test_switch_off_and_error_restore(packed):
@@ -414,3 +418,55 @@ def test_a_law_other_than_the_int8_drawn_one_is_detected(lossless_pair, monkeypa
     monkeypatch.setattr(DraftStep, "draw", wrong)
     check_detected(target, drafter, {"temperature": 0.9}, pruned_probe=probe)
     assert any(name == "int8" for _, name, _ in int8)
+
+
+# --- the drafter's RMSNorms through F.rms_norm ---------------------------------------------------------------------
+def _norms(model):
+    return [m for m in model.modules() if type(m).__name__ in kernels._NORM_STYLES]
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_drafters_norms_run_fused_bitwise_their_own_and_the_targets_never(kind, dtype, monkeypatch):
+    target, drafter = (m.to(dtype) for m in make_pair(kind))
+    with torch.no_grad():  # a weight away from its init (Gemma's zeros, Llama's ones) so the scale is really used
+        for m in _norms(drafter):
+            m.weight.add_(0.1 * torch.randn_like(m.weight))
+    fused_calls = []
+    rms_norm = F.rms_norm
+    monkeypatch.setattr(F, "rms_norm", lambda *a, **k: fused_calls.append(1) or rms_norm(*a, **k))
+    kernels.release()
+    norms = _norms(drafter)
+    assert norms and _norms(target)
+    with kernels.fast_linears(target, draft=(drafter,)) as report:
+        assert report.draft_norms == len(norms) and "RMSNorms fused" in str(report)
+        assert all("forward" not in m.__dict__ for m in _norms(target))
+        for m in norms:
+            for rows in (1, 5):
+                x = torch.randn(2, rows, m.weight.shape[0], dtype=dtype) * 3
+                first, again = m(x), m(x)  # the first call checks; the second runs the fused one alone
+                own = type(m).forward(m, x)
+                assert torch.equal(first, own) and torch.equal(again, own) and again.dtype == dtype
+    assert len(fused_calls) >= 2 * len(norms)  # power: the fused op really ran (check + every later call)
+    assert kernels.fused_norms()[0] >= len(norms)
+    assert all("forward" not in m.__dict__ for m in norms)  # restored
+
+
+def test_a_fused_norm_unequal_to_its_own_keeps_the_modules_forward(monkeypatch):
+    """Power check of the per-module check: a fused law that differs (Gemma's scale taken as Llama's weight-after)
+    is caught on the first call, and the module runs its own forward from then on."""
+    _, drafter = make_pair("gemma3")
+    monkeypatch.setitem(kernels._NORM_STYLES, "Gemma3RMSNorm", "weight_after")
+    with torch.no_grad():
+        for m in _norms(drafter):
+            m.weight.add_(0.5)
+    kernels.release()
+    with kernels.fast_linears(drafter.lm_head, draft=(drafter,)):
+        m = _norms(drafter)[0]
+        m.variance_epsilon = m.eps  # the Llama style's name for it, so the wrong law runs (and differs)
+        x = torch.randn(1, 3, m.weight.shape[0])
+        assert torch.equal(m(x), type(m).forward(m, x)) and torch.equal(m(x), type(m).forward(m, x))
+        wrong = m.weight * F.rms_norm(x, (x.shape[-1],), None, m.eps)
+        assert not torch.equal(wrong, type(m).forward(m, x))
+        assert kernels._NORMS[m][3] is False
+    assert kernels.fused_norms()[1] >= 1
