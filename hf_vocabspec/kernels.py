@@ -261,9 +261,9 @@ def _run(name: str, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 # A drafter's RMSNorms (``fast_linears(..., draft=...)``) run torch's ``F.rms_norm`` in place of their module's
 # five-to-seven small ops. Why: an eager draft step is dispatch-bound beyond its linears; a Gemma-3-270M step runs
-# 109 norms of ~10 ops each. Measured on machine D's kind (2026-12-03, pair G default drafter, bf16, 15 ShareGPT
-# prompts x 48 tokens, interleaved): 43.2 -> 40.4 ms a draft step, 1.58x -> 1.62x same-kernel target-only, every
-# output identical. The class's own arithmetic is kept (float32 normalisation; Gemma's ``1 + weight`` in float32
+# 109 norms of ~10 ops each. Measured on machine D's kind (2026-12-03, pair G default drafter, bf16, 24 ShareGPT
+# prompts x 48 tokens, interleaved; scripts/bench_fused_norms.py): 42.4 -> 41.2 ms a draft step (median), 1.43x ->
+# 1.48x same-run target-only, every output identical. The class's own arithmetic is kept (float32 normalisation; Gemma's ``1 + weight`` in float32
 # before the cast, Llama's weight after it), and each module's first call computes both and keeps the fused one only
 # where they are bitwise equal (else the module's own forward, from then on): what the drafter computes is unchanged.
 _NORM_STYLES = {"GemmaRMSNorm": "one_plus", "Gemma2RMSNorm": "one_plus", "Gemma3RMSNorm": "one_plus",
