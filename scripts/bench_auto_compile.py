@@ -13,42 +13,22 @@ Smallest check: python scripts/bench_auto_compile.py --prompts 2 --max-new-token
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
 
-import torch
-
-from hf_vocabspec import trim_drafter
-from hf_vocabspec.evaluation.benchmark import Method, compare_methods, machine_info, native_bf16
-from hf_vocabspec.evaluation.data import eval_prompts, load_workload
-from hf_vocabspec.evaluation.offline import load_model
+from hf_vocabspec.evaluation.benchmark import (Method, compare_methods, default_drafter_job, default_drafter_job_args,
+                                               machine_info, write_job_report)
 from hf_vocabspec.generation import autocompile
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--target", default="offline:gemma-3-270m")
-    ap.add_argument("--drafter", default="offline:gemma-3-270m")
-    ap.add_argument("--dataset", default="offline:sharegpt", help="counted for the kept vocabulary; prompts from its held-out half")
-    ap.add_argument("--count-examples", type=int, default=4000)
-    ap.add_argument("--coverage", type=float, default=0.95)
-    ap.add_argument("--prompts", type=int, default=40)
-    ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--output", default="results/bench-auto-compile")
-    args = ap.parse_args()
+    args = default_drafter_job_args(__doc__.splitlines()[0], prompts=40, output="results/bench-auto-compile")
     out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    dtype = torch.bfloat16 if native_bf16() else torch.float32
-    work = load_workload(args.target, args.dataset, args.count_examples)
-    target = work.target.to(dtype)
-    k = work.counts.smallest_k_for_coverage(args.coverage)
-    drafter = trim_drafter(load_model(args.drafter, dtype=dtype), work.counts.top_k(k), tokenizer=work.tokenizer,
-                           target_model=args.target).eval()
+    job = default_drafter_job(args)
+    target, drafter, k, dtype, prompts = job.target, job.drafter, job.kept_vocab, job.dtype, job.prompts
     drafter.compile_draft_step = autocompile.AUTO
-    prompts = eval_prompts(work.held_out, work.tokenizer, len(work.held_out) // 2, args.prompts, 512, 32)
     methods = [Method("target only (fast linears)", fast_linears=True),
                Method("default drafter, steps eager", drafter, attrs={"compile_draft_step": False}),
                Method('default drafter ("auto")', drafter)]
@@ -74,9 +54,7 @@ def main() -> None:
     lines += ["", "A bf16 target's greedy output can differ from bf16 target-only at near-ties (a verify forward's kernel "
               "shape; README, Limits); fp32 is the exactness reference (the tests)."]
     lines += ["", f"auto rule: {json.dumps(record)}"]
-    (out / "results.json").write_text(json.dumps(report, indent=2))
-    (out / "results.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_job_report(out, report, lines)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,6 @@ markdown table naming the machine and writes results.json / results.md under --o
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 from contextlib import contextmanager, nullcontext
@@ -20,10 +18,9 @@ from pathlib import Path
 
 import torch
 
-from hf_vocabspec import kernels, trim_drafter
-from hf_vocabspec.evaluation.benchmark import machine_info, native_bf16
-from hf_vocabspec.evaluation.data import eval_prompts, load_workload
-from hf_vocabspec.evaluation.offline import load_model
+from hf_vocabspec import kernels
+from hf_vocabspec.evaluation.benchmark import (default_drafter_job, default_drafter_job_args, machine_info,
+                                               write_job_report)
 
 
 @contextmanager
@@ -37,25 +34,10 @@ def norms_unfused():
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--target", default="offline:gemma-3-270m")
-    ap.add_argument("--drafter", default="offline:gemma-3-270m")
-    ap.add_argument("--dataset", default="offline:sharegpt", help="counted for the kept vocabulary; prompts from its held-out half")
-    ap.add_argument("--count-examples", type=int, default=4000)
-    ap.add_argument("--coverage", type=float, default=0.95)
-    ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--output", default="results/bench-fused-norms")
-    args = ap.parse_args()
+    args = default_drafter_job_args(__doc__.splitlines()[0], prompts=16, output="results/bench-fused-norms")
     out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
-    dtype = torch.bfloat16 if native_bf16() else torch.float32
-    work = load_workload(args.target, args.dataset, args.count_examples)
-    target = work.target.to(dtype).eval()
-    k = work.counts.smallest_k_for_coverage(args.coverage)
-    drafter = trim_drafter(load_model(args.drafter, dtype=dtype), work.counts.top_k(k), tokenizer=work.tokenizer,
-                           target_model=args.target).eval()
-    prompts = eval_prompts(work.held_out, work.tokenizer, len(work.held_out) // 2, args.prompts, 512, 32)
+    job = default_drafter_job(args)
+    target, drafter, k, dtype, prompts = job.target, job.drafter, job.kept_vocab, job.dtype, job.prompts
     names = ["target only (fast linears)", "default drafter (norms fused)", "default drafter (norms unfused)"]
     seconds = {n: [] for n in names}
     steps = {n: [] for n in names[1:]}
@@ -100,9 +82,7 @@ def main() -> None:
               f"{'-' if r['draft_ms_per_step'] is None else format(r['draft_ms_per_step'], '.1f')} | "
               f"{r['prompts_identical_to_norms_fused']}/{len(prompts) - 1} |" for r in rows]
     lines += ["", f"stats.kernels (norms fused): {kernels_line}"]
-    (out / "results.json").write_text(json.dumps(report, indent=2))
-    (out / "results.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_job_report(out, report, lines)
 
 
 if __name__ == "__main__":

@@ -813,3 +813,50 @@ def eval_results_from_benchmark(report: dict | str | os.PathLike, kept_vocab: in
         raise ValueError(f"The benchmark report has no run of a trimmed drafter with {kept_vocab} kept tokens: "
                          "benchmark this size (`hf-vocabspec bench --ks K`) or push without it.")
     return rows
+
+
+def default_drafter_job_args(description: str, prompts: int, output: str, argv: list[str] | None = None):
+    """The parsed options of a bench over a job of prompts with the default drafter (``default_drafter_job``)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--target", default="offline:gemma-3-270m")
+    ap.add_argument("--drafter", default="offline:gemma-3-270m")
+    ap.add_argument("--dataset", default="offline:sharegpt", help="counted for the kept vocabulary; prompts from its held-out half")
+    ap.add_argument("--count-examples", type=int, default=4000)
+    ap.add_argument("--coverage", type=float, default=0.95)
+    ap.add_argument("--prompts", type=int, default=prompts)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--output", default=output)
+    return ap.parse_args(argv)
+
+
+@dataclass
+class DefaultDrafterJob:
+    target: torch.nn.Module
+    drafter: TrimmedDrafter
+    kept_vocab: int
+    dtype: torch.dtype
+    prompts: list
+
+
+def default_drafter_job(args) -> DefaultDrafterJob:
+    """The target (bf16 where the CPU has native bf16), the default drafter (``trim_drafter`` at ``args.coverage``
+    of the dataset's counts, no tune) and held-out prompts (up to 512 tokens) of ``add_default_drafter_job_args``."""
+    from ..trimming import trim_drafter
+    from .offline import load_model
+
+    dtype = torch.bfloat16 if native_bf16() else torch.float32
+    work = load_workload(args.target, args.dataset, args.count_examples)
+    k = work.counts.smallest_k_for_coverage(args.coverage)
+    drafter = trim_drafter(load_model(args.drafter, dtype=dtype), work.counts.top_k(k), tokenizer=work.tokenizer,
+                           target_model=args.target).eval()
+    prompts = eval_prompts(work.held_out, work.tokenizer, len(work.held_out) // 2, args.prompts, 512, 32)
+    return DefaultDrafterJob(work.target.to(dtype).eval(), drafter, k, dtype, prompts)
+
+
+def write_job_report(out: Path, report: dict, lines: list[str]) -> None:
+    """A default-drafter job's results.json and results.md under ``out`` (atomic), and the table printed."""
+    atomic_write(out / "results.json", lambda p: p.write_text(json.dumps(report, indent=2)))
+    atomic_write(out / "results.md", lambda p: p.write_text("\n".join(lines) + "\n"))
+    print("\n".join(lines))
