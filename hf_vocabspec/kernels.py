@@ -259,13 +259,14 @@ def _run(name: str, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, module.weight, module.bias)
 
 
-# A drafter's RMSNorms (``fast_linears(..., draft=...)``) run torch's ``F.rms_norm`` in place of their module's
-# five-to-seven small ops. Why: an eager draft step is dispatch-bound beyond its linears; a Gemma-3-270M step runs
-# 109 norms of ~10 ops each. Measured on machine D's kind (2026-12-03, pair G default drafter, bf16, 24 ShareGPT
-# prompts x 48 tokens, interleaved; scripts/bench_fused_norms.py): 42.4 -> 41.2 ms a draft step (median), 1.43x ->
-# 1.48x same-run target-only, every output identical. The class's own arithmetic is kept (float32 normalisation; Gemma's ``1 + weight`` in float32
-# before the cast, Llama's weight after it), and each module's first call computes both and keeps the fused one only
-# where they are bitwise equal (else the module's own forward, from then on): what the drafter computes is unchanged.
+# A drafter's RMSNorms (``fast_linears(..., draft=...)``) run torch's ``F.rms_norm`` in place of their module's eight
+# to ten small ops. Why: an eager draft step is dispatch-bound beyond its linears; a Gemma-3-270M step runs 109
+# norms. Measured on machine D's kind (2026-12-03, pair G default drafter, bf16, 24 ShareGPT prompts x 48 tokens,
+# interleaved; scripts/bench_fused_norms.py): 42.4 -> 41.2 ms a draft step (median), 1.43x -> 1.48x same-run
+# target-only, every output identical. The class's own arithmetic is kept (float32 normalisation; Gemma's
+# ``1 + weight`` in float32 before the cast, Llama's weight after it), and each module's first call computes both
+# and keeps the fused one only where they are bitwise equal (else the module's own forward, from then on): what the
+# drafter computes is unchanged. Never a target's norms (``models``).
 _NORM_STYLES = {"GemmaRMSNorm": "one_plus", "Gemma2RMSNorm": "one_plus", "Gemma3RMSNorm": "one_plus",
                 "LlamaRMSNorm": "weight_after", "MistralRMSNorm": "weight_after", "Qwen2RMSNorm": "weight_after",
                 "Qwen3RMSNorm": "weight_after", "SmolLM3RMSNorm": "weight_after"}
@@ -537,7 +538,7 @@ def fast_linears(*models: nn.Module, enabled: bool = True, draft: Iterable[nn.Mo
     report.layers = len(swapped)
     report.draft_layers = sum(d for _, d in swapped)
     # the drafter's RMSNorms (never a target's), wherever its linears are swapped
-    theirs = {id(m) for model in models for m in model.modules()}
+    theirs = {id(m) for model in models for m in model.modules()} if draft and swapped else set()
     norms = [m for d in (draft if swapped else ()) for m in d.modules() if id(m) not in theirs and _eligible_norm(m)]
     report.draft_norms = len(norms)
     with ExitStack() as stack:

@@ -470,3 +470,11 @@ def test_a_fused_norm_unequal_to_its_own_keeps_the_modules_forward(monkeypatch):
         assert not torch.equal(wrong, type(m).forward(m, x))
         assert kernels._NORMS[m][3] is False
     assert kernels.fused_norms()[1] >= 1
+
+
+def test_a_model_passed_as_a_target_keeps_its_norms_even_when_also_passed_as_draft():
+    target, _ = make_pair("gemma3")
+    with kernels.fast_linears(target, draft=(target,)) as report:
+        assert report.draft_norms == 0 and all("forward" not in m.__dict__ for m in _norms(target))
+    with kernels.fast_linears(target.lm_head, draft=(target,)) as report:  # power: as a drafter alone, swapped
+        assert report.draft_norms == len(_norms(target)) > 0
