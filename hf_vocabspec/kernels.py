@@ -504,8 +504,8 @@ def fast_linears(*models: nn.Module, enabled: bool = True, draft: Iterable[nn.Mo
     trial a weight-only int8 copy (``DRAFT_CANDIDATES``), which changes what the drafter proposes, never what is
     output. The drafter's RMSNorms run ``F.rms_norm`` (``_NORM_STYLES``: bitwise their own result, checked per
     module). Never pass a target as ``draft``."""
-    draft = tuple(draft)
     swapped: list[tuple[nn.Linear, bool]] = []
+    norms: list[nn.Module] = []
     report = FastLinears(reason="" if enabled else "off")
     int8 = int8 and quantization_ops_available("int8")
     if enabled and not available():
@@ -513,12 +513,18 @@ def fast_linears(*models: nn.Module, enabled: bool = True, draft: Iterable[nn.Mo
     elif enabled:
         seen: set[int] = set()
         per_model: list[list[tuple[nn.Linear, bool]]] = []
-        for model, is_draft in [*((m, False) for m in models), *((m, int8) for m in draft)]:
+        for i, (model, is_draft) in enumerate([*((m, False) for m in models), *((m, int8) for m in draft)]):
             per_model.append([])
             for module in model.modules():
-                if id(module) not in seen and _eligible(module):
+                if id(module) in seen:
+                    continue
+                if _eligible(module):
                     seen.add(id(module))
                     per_model[-1].append((module, is_draft))
+                elif _eligible_norm(module):  # a drafter's RMSNorm; a target's (``models``) is only marked seen
+                    seen.add(id(module))
+                    if i >= len(models):
+                        norms.append(module)
         # whole models in the order given (a generate call passes the target first: its verify of several rows is
         # where packing pays most) while their copies not yet made fit in MEMORY_SHARE of available memory
         free, new_bytes, left_out = _available_bytes(), 0, 0
@@ -537,9 +543,7 @@ def fast_linears(*models: nn.Module, enabled: bool = True, draft: Iterable[nn.Mo
             report.reason = "no float32/bfloat16 nn.Linear on CPU"
     report.layers = len(swapped)
     report.draft_layers = sum(d for _, d in swapped)
-    # the drafter's RMSNorms (never a target's), wherever its linears are swapped
-    theirs = {id(m) for model in models for m in model.modules()} if draft and swapped else set()
-    norms = [m for d in (draft if swapped else ()) for m in d.modules() if id(m) not in theirs and _eligible_norm(m)]
+    norms = norms if swapped else []  # the drafter's RMSNorms run fused wherever linears are swapped
     report.draft_norms = len(norms)
     with ExitStack() as stack:
         for module, is_draft in swapped:

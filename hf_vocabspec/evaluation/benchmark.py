@@ -842,7 +842,7 @@ class DefaultDrafterJob:
 
 def default_drafter_job(args) -> DefaultDrafterJob:
     """The target (bf16 where the CPU has native bf16), the default drafter (``trim_drafter`` at ``args.coverage``
-    of the dataset's counts, no tune) and held-out prompts (up to 512 tokens) of ``add_default_drafter_job_args``."""
+    of the dataset's counts, no tune) and held-out prompts (up to 512 tokens) of ``default_drafter_job_args``."""
     from ..trimming import trim_drafter
     from .offline import load_model
 
