@@ -316,6 +316,7 @@ DRAFTER_SETTINGS = {
     "use_rdk": "drafter.use_rdk",
     "use_fast_linears": "drafter.use_fast_linears",
     "use_int8_copies": "drafter.use_int8_copies",
+    "use_fused_norms": "drafter.use_fused_norms",
     "compile_draft_step": "drafter.compile_draft_step",
     "weight_quantization": "drafter.quantize_weights",
 }

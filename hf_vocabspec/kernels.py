@@ -64,7 +64,7 @@ __all__ = ["DRAFT_CANDIDATES", "EXACT_ROWS", "MARGIN", "MAX_ROWS", "MEMORY_SHARE
            "KernelChoice", "KernelKey", "available", "choices", "compiled_int8_copies", "fast_linears", "fused_norms",
            "packed_linear",
            "release", "rows_bucket", "settle_choices",
-           "trials_run", "wants_fast_linears", "wants_int8_copies"]
+           "trials_run", "wants_fast_linears", "wants_fused_norms", "wants_int8_copies"]
 
 MAX_ROWS = 64
 # Timed calls per candidate (after one untimed call each) before choosing by median, and the speed-up the packed
@@ -493,7 +493,7 @@ def _int8_bytes(module: nn.Linear) -> int:
 
 @contextmanager
 def fast_linears(*models: nn.Module, enabled: bool = True, draft: Iterable[nn.Module] = (),
-                 int8: bool = True) -> Iterator[FastLinears]:
+                 int8: bool = True, norms: bool = True) -> Iterator[FastLinears]:
     """Within the block, every eligible ``nn.Linear`` of ``models`` runs :func:`packed_linear`; restored on exit
     (also on errors). Yields a :class:`FastLinears` report. Nothing is swapped when disabled or when this torch has
     no oneDNN; a model whose copies not yet made would take the ones before it past ``MEMORY_SHARE`` of available
@@ -502,10 +502,10 @@ def fast_linears(*models: nn.Module, enabled: bool = True, draft: Iterable[nn.Mo
     ``draft``: the drafter's modules (also swapped, after ``models``; a layer already listed in ``models`` stays
     theirs). With ``int8`` (a drafter's ``use_int8_copies``), their forwards of up to QUANTIZED_MAX_ROWS rows also
     trial a weight-only int8 copy (``DRAFT_CANDIDATES``), which changes what the drafter proposes, never what is
-    output. The drafter's RMSNorms run ``F.rms_norm`` (``_NORM_STYLES``: bitwise their own result, checked per
-    module). Never pass a target as ``draft``."""
+    output. With ``norms`` (a drafter's ``use_fused_norms``) the drafter's RMSNorms run ``F.rms_norm``
+    (``_NORM_STYLES``: bitwise their own result, checked per module). Never pass a target as ``draft``."""
     swapped: list[tuple[nn.Linear, bool]] = []
-    norms: list[nn.Module] = []
+    norms_on, norms = norms, []
     report = FastLinears(reason="" if enabled else "off")
     int8 = int8 and quantization_ops_available("int8")
     if enabled and not available():
@@ -523,7 +523,7 @@ def fast_linears(*models: nn.Module, enabled: bool = True, draft: Iterable[nn.Mo
                     per_model[-1].append((module, is_draft))
                 elif _eligible_norm(module):  # a drafter's RMSNorm; a target's (``models``) is only marked seen
                     seen.add(id(module))
-                    if i >= len(models):
+                    if i >= len(models) and norms_on:
                         norms.append(module)
         # whole models in the order given (a generate call passes the target first: its verify of several rows is
         # where packing pays most) while their copies not yet made fit in MEMORY_SHARE of available memory
@@ -588,6 +588,12 @@ def wants_fast_linears(assistant) -> bool:
     """A generate call with one of our drafters runs the target's and drafter's linear layers through
     :func:`fast_linears` unless the drafter (or SSD session) says ``use_fast_linears = False``."""
     return bool(getattr(assistant, "use_fast_linears", True))
+
+
+def wants_fused_norms(assistant) -> bool:
+    """Whether the drafter's RMSNorms run fused in the fast linears (``norms=``): unless the drafter (or SSD session)
+    says ``use_fused_norms = False``."""
+    return bool(getattr(assistant, "use_fused_norms", True))
 
 
 def wants_int8_copies(assistant) -> bool:

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .kernels import (FastLinears, KernelChoice, KernelKey, compiled_int8_copies, fast_linears, wants_fast_linears,
-                      wants_int8_copies)
+                      wants_fused_norms, wants_int8_copies)
 from .modeling import TrimmedDrafter, cache_kwarg, model_body
 
 # Row counts above this are prefill-like: GEMM kernels are efficient there, keep the original head.
@@ -180,7 +180,7 @@ def generate_kernels(target: nn.Module, assistant, compiled: bool = False,
     """The one kernel choice of a generate call with one of our assistants (``generation.hooks`` enters only this):
     the fast linears (:func:`hf_vocabspec.kernels.fast_linears`) on the target's and drafter's linear layers unless
     ``use_fast_linears`` is off (the drafter's with their int8 copies among the candidates unless ``use_int8_copies``
-    is off), then the verify head on the target's LM head unless ``use_verify_head`` is off. The
+    is off, its RMSNorms fused unless ``use_fused_norms`` is off), then the verify head on the target's LM head unless ``use_verify_head`` is off. The
     fast linears are entered first: a head they wrap is left alone by the verify head (it sees a replaced forward), so
     the verify head serves only where they do not (see :mod:`hf_vocabspec.kernels` for why both exist). Yields the
     fast linears' report (``stats.kernels``). ``compiled`` (the verify and the draft steps run compiled): neither,
@@ -193,7 +193,8 @@ def generate_kernels(target: nn.Module, assistant, compiled: bool = False,
     # keeps the fast linears (and its int8 copy among their candidates)
     draft = assistant.lm_head if compiled_draft else assistant
     fast_on = not compiled and wants_fast_linears(assistant)
-    with fast_linears(target, enabled=fast_on, draft=(draft,), int8=wants_int8_copies(assistant)) as fast, \
+    with fast_linears(target, enabled=fast_on, draft=(draft,), int8=wants_int8_copies(assistant),
+                      norms=wants_fused_norms(assistant)) as fast, \
             compiled_int8_copies(model_body(assistant) if compiled_draft else None,
                                  enabled=compiled_draft and fast_on and wants_int8_copies(assistant)) as traced, \
             verify_head(target, enabled=head and not compiled and wants_verify_head(assistant)):

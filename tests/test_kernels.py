@@ -240,7 +240,7 @@ def test_restored_on_error_and_disabled_switch(packed):
 
 # --- inside generate ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["llama", "gemma3"])
-def test_greedy_identical_with_fast_linears(kind, packed):
+def test_greedy_identical_with_fast_linears(kind, packed, monkeypatch):
     target, base = make_pair(kind, seed=3, head_scale=8.0)
     drafter = hf_vocabspec.trim_drafter(base, list(range(0, VOCAB, 2)) + [3, 5])
     g = torch.Generator().manual_seed(0)
@@ -257,6 +257,16 @@ def test_greedy_identical_with_fast_linears(kind, packed):
     # the drafter's RMSNorms ran F.rms_norm, each checked bitwise against its own forward
     assert "RMSNorms fused" in drafter.last_speculation_stats.kernels
     assert all(kernels._NORMS[m][3] for m in _norms(drafter))
+    # the switch: use_fused_norms = False leaves them to their modules (the same output; the linears still fast)
+    kernels.release()
+    drafter.use_fused_norms = False
+    calls = []
+    rms_norm = F.rms_norm
+    monkeypatch.setattr(F, "rms_norm", lambda *a, **k: calls.append(1) or rms_norm(*a, **k))
+    assert torch.equal(target.generate(prompt, do_sample=False, max_new_tokens=30, assistant_model=drafter), ref)
+    kernels_line = drafter.last_speculation_stats.kernels
+    assert kernels_line.startswith("fast linears on") and "RMSNorms" not in kernels_line
+    assert not calls and not kernels._NORMS
 
 
 def test_switch_off_and_error_restore(packed):

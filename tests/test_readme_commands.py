@@ -417,10 +417,25 @@ def inline_problems(text: str, run_names: set[str]) -> list[str]:
             if script and not (ROOT / script).is_file():
                 problems.append(f"{line}: `{span}`: {script} does not exist")
             elif script:
-                source = (ROOT / script).read_text()
+                source = _script_source(ROOT / script)
                 problems += [f"{line}: `{span}`: {script} has no option {o}"
                              for o in re.findall(r"(?<![\w-])--[a-z][\w-]*", span) if f'"{o}"' not in source]
     return problems
+
+
+def _script_source(script: Path) -> str:
+    """A script's text and that of the hf_vocabspec modules it imports from, where shared options are declared
+    (a bench over a default-drafter job takes its options from `benchmark.default_drafter_job_args`)."""
+    text = script.read_text()
+    modules = re.findall(r"^\s*from (hf_vocabspec(?:\.\w+)*) import", text, re.M)
+    modules += re.findall(r"^\s*import (hf_vocabspec(?:\.\w+)*)", text, re.M)
+    for module in dict.fromkeys(modules):
+        path = ROOT / Path(*module.split("."))
+        for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+            if candidate.is_file():
+                text += candidate.read_text()
+                break
+    return text
 
 
 POWER_README = """
@@ -478,6 +493,10 @@ def test_finder_and_plan_have_power():
         "9: `make no-such-target`: the Makefile has no target no-such-target",
         "9: `python scripts/none.py --x`: scripts/none.py does not exist",
         "10: `python scripts/bench_lmeval.py --pairs g --no-such-flag 1`: scripts/bench_lmeval.py has no option "
+        "--no-such-flag"]
+    # a shared option is found where the script imports it from; an option declared nowhere is still caught
+    assert inline_problems("`scripts/bench_auto_compile.py --prompts 3 --no-such-flag 1`", set()) == [
+        "1: `scripts/bench_auto_compile.py --prompts 3 --no-such-flag 1`: scripts/bench_auto_compile.py has no option "
         "--no-such-flag"]
 
 
