@@ -505,7 +505,7 @@ def fast_linears(*models: nn.Module, enabled: bool = True, draft: Iterable[nn.Mo
     output. With ``norms`` (a drafter's ``use_fused_norms``) the drafter's RMSNorms run ``F.rms_norm``
     (``_NORM_STYLES``: bitwise their own result, checked per module). Never pass a target as ``draft``."""
     swapped: list[tuple[nn.Linear, bool]] = []
-    norms_on, norms = norms, []
+    draft_norms: list[nn.Module] = []
     report = FastLinears(reason="" if enabled else "off")
     int8 = int8 and quantization_ops_available("int8")
     if enabled and not available():
@@ -523,8 +523,8 @@ def fast_linears(*models: nn.Module, enabled: bool = True, draft: Iterable[nn.Mo
                     per_model[-1].append((module, is_draft))
                 elif _eligible_norm(module):  # a drafter's RMSNorm; a target's (``models``) is only marked seen
                     seen.add(id(module))
-                    if i >= len(models) and norms_on:
-                        norms.append(module)
+                    if i >= len(models) and norms:
+                        draft_norms.append(module)
         # whole models in the order given (a generate call passes the target first: its verify of several rows is
         # where packing pays most) while their copies not yet made fit in MEMORY_SHARE of available memory
         free, new_bytes, left_out = _available_bytes(), 0, 0
@@ -543,13 +543,13 @@ def fast_linears(*models: nn.Module, enabled: bool = True, draft: Iterable[nn.Mo
             report.reason = "no float32/bfloat16 nn.Linear on CPU"
     report.layers = len(swapped)
     report.draft_layers = sum(d for _, d in swapped)
-    norms = norms if swapped else []  # the drafter's RMSNorms run fused wherever linears are swapped
-    report.draft_norms = len(norms)
+    draft_norms = draft_norms if swapped else []  # the drafter's RMSNorms run fused wherever linears are swapped
+    report.draft_norms = len(draft_norms)
     with ExitStack() as stack:
         for module, is_draft in swapped:
             module.forward = (_draft_forward if is_draft else _forward).__get__(module, nn.Linear)
             stack.callback(module.__dict__.pop, "forward", None)
-        for module in norms:
+        for module in draft_norms:
             module.forward = _norm_forward.__get__(module, type(module))
             stack.callback(module.__dict__.pop, "forward", None)
         yield report

@@ -3,8 +3,9 @@
 One process, methods interleaved prompt by prompt (benchmark.compare_methods, one pass): target-only with the same
 fast linears, the default drafter (``trim_drafter`` at --coverage, no tune, eager steps) as generate runs it (norms
 fused), and the same drafter with ``use_fused_norms = False`` (its norms left to their modules). Reports each
-method's seconds against target-only, its median draft step, and whether the drafters' outputs agree. Prints a
-markdown table naming the machine and writes results.json / results.md under --output.
+method's seconds against target-only, its mean draft step (stats.draft_seconds / draft_steps), and whether the
+drafters' outputs agree. Prints a markdown table naming the machine and writes results.json / results.md under
+--output.
 
 Smallest check: python scripts/bench_fused_norms.py --prompts 2 --max-new-tokens 4 --count-examples 200 \
     --output /tmp/bench-fused-norms
