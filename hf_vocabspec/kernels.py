@@ -467,16 +467,18 @@ class FastLinears:
     draft_layers: int = 0
     compiled_int8_layers: int = 0  # the drafter body's layers its compiled steps run on int8 copies (compiled_int8_copies)
     draft_norms: int = 0  # the drafter's RMSNorms run through F.rms_norm (_norm_forward)
+    lean_forward: bool = False  # the drafter's body runs hf_vocabspec.lean_forward (where checked equal)
 
     def __str__(self) -> str:
+        lean = "; the drafter's body through the lean forward" if self.lean_forward else ""
         if not self.layers:
-            return f"F.linear ({self.reason})"
+            return f"F.linear ({self.reason})" + lean
         draft = f", the drafter's {self.draft_layers} with int8 copies as candidates" if self.draft_layers else ""
         traced = (f"; the drafter's compiled steps on int8 copies of {self.compiled_int8_layers} layers"
                   if self.compiled_int8_layers else "")
         norms = f"; the drafter's {self.draft_norms} RMSNorms fused where bitwise equal" if self.draft_norms else ""
         return (f"fast linears on {self.layers} layers{draft}"
-                + (f" (the rest F.linear: {self.reason})" if self.reason else "") + traced + norms)
+                + (f" (the rest F.linear: {self.reason})" if self.reason else "") + traced + norms + lean)
 
 
 def _copy_bytes(module: nn.Linear, draft: bool) -> int:

@@ -36,6 +36,7 @@ from torch import nn
 
 from .kernels import (FastLinears, KernelChoice, KernelKey, compiled_int8_copies, fast_linears, wants_fast_linears,
                       wants_fused_norms, wants_int8_copies)
+from .lean_forward import lean_forwards, wants_lean_forward
 from .modeling import TrimmedDrafter, cache_kwarg, model_body
 
 # Row counts above this are prefill-like: GEMM kernels are efficient there, keep the original head.
@@ -181,7 +182,8 @@ def generate_kernels(target: nn.Module, assistant, compiled: bool = False,
     the fast linears (:func:`hf_vocabspec.kernels.fast_linears`) on the target's and drafter's linear layers unless
     ``use_fast_linears`` is off (the drafter's with their int8 copies among the candidates unless ``use_int8_copies``
     is off, its RMSNorms fused unless ``use_fused_norms`` is off), then the verify head on the target's LM head
-    unless ``use_verify_head`` is off. The fast linears are entered first: a head they wrap is left alone by the verify head (it sees a replaced forward), so
+    unless ``use_verify_head`` is off, and a trimmed drafter's body through the lean forward
+    (:mod:`hf_vocabspec.lean_forward`) unless ``use_lean_forward`` is off or its steps run compiled. The fast linears are entered first: a head they wrap is left alone by the verify head (it sees a replaced forward), so
     the verify head serves only where they do not (see :mod:`hf_vocabspec.kernels` for why both exist). Yields the
     fast linears' report (``stats.kernels``). ``compiled`` (the verify and the draft steps run compiled): neither,
     so the layers stay what the compiler traces; ``compiled_draft`` (only a trimmed drafter's steps run compiled,
@@ -197,8 +199,11 @@ def generate_kernels(target: nn.Module, assistant, compiled: bool = False,
                       norms=wants_fused_norms(assistant)) as fast, \
             compiled_int8_copies(model_body(assistant) if compiled_draft else None,
                                  enabled=compiled_draft and fast_on and wants_int8_copies(assistant)) as traced, \
-            verify_head(target, enabled=head and not compiled and wants_verify_head(assistant)):
+            verify_head(target, enabled=head and not compiled and wants_verify_head(assistant)), \
+            lean_forwards(model_body(assistant) if isinstance(assistant, TrimmedDrafter) else None,
+                          enabled=not compiled and not compiled_draft and wants_lean_forward(assistant)) as lean:
         fast.compiled_int8_layers = traced
+        fast.lean_forward = lean
         yield fast
 
 
