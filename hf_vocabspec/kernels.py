@@ -61,8 +61,8 @@ from torch import nn
 from .modeling import QUANTIZED_MAX_ROWS, quantization_ops_available, quantize_weight, serve_quantized
 
 __all__ = ["DRAFT_CANDIDATES", "EXACT_ROWS", "MARGIN", "MAX_ROWS", "MEMORY_SHARE", "TRIALS", "FastLinears",
-           "KernelChoice", "KernelKey", "available", "choices", "compiled_int8_copies", "fast_linears", "fused_norms",
-           "packed_linear",
+           "KernelChoice", "KernelKey", "available", "choices", "compiled_int8_copies", "decided_int8", "fast_linears",
+           "fused_norm_scale", "fused_norms", "int8_linear", "packed_linear", "run_fused_norm", "stacked_int8",
            "release", "rows_bucket", "settle_choices",
            "trials_run", "wants_fast_linears", "wants_fused_norms", "wants_int8_copies"]
 
@@ -211,11 +211,13 @@ def release(model: nn.Module | None = None) -> None:
             _PACKED.clear()
             _INT8.clear()
             _NORMS.clear()
+            _STACKED.clear()
             return
         for module in model.modules():
             _PACKED.pop(module, None)
             _INT8.pop(module, None)
             _NORMS.pop(module, None)
+            _STACKED.pop(module, None)
 
 
 def _packed(module: nn.Linear) -> torch.Tensor | None:
@@ -245,6 +247,71 @@ def _int8(module: nn.Linear):
     return copy
 
 
+# modules[0] of layers stacked by ``stacked_int8`` -> (the layers' int8 copies it was made of, (weight, scales))
+_STACKED: weakref.WeakKeyDictionary[nn.Linear, tuple] = weakref.WeakKeyDictionary()
+
+
+def decided_int8(module: nn.Linear, rows: int):
+    """``module``'s int8 copy where the fast linears run it for forwards of ``rows`` rows: a drafter's layer (its
+    forward is theirs) whose choice for that count is made and is the int8 copy; else None (the caller calls the
+    module). For the drafter's lean forward (:mod:`hf_vocabspec.lean_forward`), which calls the kernel itself."""
+    if getattr(module.__dict__.get("forward"), "__func__", None) is not _draft_forward:
+        return None
+    weight = module.weight
+    if (weight.dtype not in _DTYPES or torch.is_grad_enabled()
+            or _DECIDED.get(_fast_key(module, rows, True)) != "int8"):
+        return None
+    return _int8(module)
+
+
+def stacked_int8(modules: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One int8 copy of layers that take the same input (a drafter's q/k/v, gate/up): their copies' rows stacked
+    (per-row quantization: the same values), so one kernel call computes all their outputs. The layers' own copies
+    become views of it (no second copy of the memory); kept like them and released with them."""
+    copies = [_int8(m) for m in modules]
+    entry = _STACKED.get(modules[0])
+    if entry is not None and len(entry[0]) == len(copies) and all(a is b for a, b in zip(entry[0], copies)):
+        return entry[1]
+    weight = torch.cat([c.weight for c in copies])
+    scales = torch.cat([c.scales for c in copies])
+    start, views = 0, []
+    with _LOCK:
+        for m, c in zip(modules, copies):
+            n = c.weight.shape[0]
+            view = c._replace(weight=weight[start : start + n], scales=scales[start : start + n])
+            _INT8[m] = (*_INT8[m][:2], view)
+            views.append(view)
+            start += n
+        _STACKED[modules[0]] = (views, (weight, scales))
+    return weight, scales
+
+
+def int8_linear(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ (weight * scales).T (+ bias)`` through torch's int8 kernel, as :func:`packed_linear` runs an int8 copy."""
+    y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, x.shape[-1]).contiguous(), weight, scales)
+    y = y.reshape(*x.shape[:-1], y.shape[-1])
+    return y if bias is None else y + bias
+
+
+def fused_norm_scale(module: nn.Module):
+    """``(scale,)`` where ``module`` (a drafter's RMSNorm) runs fused, its first call having matched its own forward
+    (``scale``: Gemma's float32 ``1 + weight``, None in Llama's style); None where it runs its own forward or is
+    not the fast linears' (the caller calls the module). See :func:`run_fused_norm`."""
+    if getattr(module.__dict__.get("forward"), "__func__", None) is not _norm_forward:
+        return None
+    entry = _NORMS.get(module)
+    weight = module.weight
+    if entry is None or entry[:2] != (weight.data_ptr(), weight._version) or not entry[3]:
+        return None
+    return (entry[2],)
+
+
+def run_fused_norm(module: nn.Module, x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """What ``module(x)`` runs where :func:`fused_norm_scale` gave ``(scale,)``."""
+    return _fused_norm(module, x, scale)
+
+
 def _run(name: str, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if name == "packed":
         packed = _packed(module)
@@ -252,10 +319,7 @@ def _run(name: str, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
             return torch.ops.mkldnn._linear_pointwise(x, packed, module.bias, "none", [], "")
     elif name == "int8":
         q = _int8(module)
-        flat = x.reshape(-1, x.shape[-1])
-        y = torch.ops.aten._weight_int8pack_mm(flat.contiguous(), q.weight, q.scales)
-        y = y.reshape(*x.shape[:-1], y.shape[-1])
-        return y if module.bias is None else y + module.bias
+        return int8_linear(x, q.weight, q.scales, module.bias)
     return F.linear(x, module.weight, module.bias)
 
 

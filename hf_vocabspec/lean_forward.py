@@ -18,7 +18,8 @@ and the next step overwrites the rejected columns.
 
 Checked, not assumed: a body's first eligible call runs its own forward and the lean one on a copy of the cache, and
 the lean forward serves that body only where the two agree bitwise (hidden states and the cache's new columns);
-else the body keeps its own forward (``CHECKED``). So what the drafter computes is unchanged, on any transformers
+else the body keeps its own forward (``CHECKED``). A call in which a kernel trial ran (``kernels.trials_run``: the
+two forwards may have run different kernels) decides nothing; the next call checks again. So what the drafter computes is unchanged, on any transformers
 release this runs with; only a drafter's body is ever served (``generation.hooks`` via ``generate_kernels``), never
 a target's, and only with a dynamic cache (a compiled step's static cache keeps the model's forward).
 ``drafter.use_lean_forward = False`` (:func:`wants_lean_forward`) keeps the body's own forward.
@@ -36,6 +37,8 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 from transformers.modeling_outputs import BaseModelOutputWithPast
+
+from .kernels import decided_int8, fused_norm_scale, int8_linear, run_fused_norm, stacked_int8, trials_run
 
 __all__ = ["FAMILIES", "MAX_POSITIONS", "append", "eligible", "lean_forward", "lean_forwards", "served",
            "wants_lean_forward"]
@@ -95,6 +98,70 @@ def eligible(body: nn.Module, cache, positions: int) -> bool:
             and not torch.is_grad_enabled() and not torch.compiler.is_compiling())
 
 
+class _Layer:
+    """What a decoder layer's lean forward runs, read off its modules once per generate call (``_plan``): each
+    RMSNorm's fused scale where the fast linears run it fused (``kernels.fused_norm_scale``; else the module is
+    called), and per row count the stacked int8 copies of q/k/v and gate/up and the int8 copies of o/down where
+    the fast linears chose the int8 copy for every one of them (``kernels.decided_int8``; else the modules)."""
+
+    __slots__ = ("layer", "attn", "kind", "norms", "qk_norm", "by_rows")
+
+    def __init__(self, layer: nn.Module, kind: str):
+        self.layer, self.attn, self.kind = layer, layer.self_attn, kind
+        self.norms = {name: fused_norm_scale(getattr(layer, name)) for name in _NORMS_OF if hasattr(layer, name)}
+        q_norm, k_norm = getattr(self.attn, "q_norm", None), getattr(self.attn, "k_norm", None)
+        self.qk_norm = None
+        if q_norm is not None:
+            q, k = fused_norm_scale(q_norm), fused_norm_scale(k_norm)
+            # Gemma's style, both fused: one norm over q's and k's heads together (each head normed alone, so the
+            # same values), scaled per head by its own (1 + weight)
+            if q is not None and k is not None and q[0] is not None and k[0] is not None:
+                self.qk_norm = (q[0], k[0])
+        self.by_rows: dict[int, tuple | None] = {}
+
+    def linears(self, rows: int):
+        """(q/k/v stacked (weight, scales, bias, splits), o copy, gate/up stacked (weight, scales, split), down
+        copy) for forwards of ``rows`` rows, or None (the modules are called)."""
+        if rows in self.by_rows:
+            return self.by_rows[rows]
+        attn, mlp = self.attn, self.layer.mlp
+        mods = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+        if not all(isinstance(m, nn.Linear) for m in mods) or any(decided_int8(m, rows) is None for m in mods):
+            return None  # (not cached: a choice still in trial is made later in the call)
+        qkv = stacked_int8(mods[:3])
+        biases = [m.bias for m in mods[:3]]
+        bias = torch.cat(biases) if all(b is not None for b in biases) else None
+        if bias is None and any(b is not None for b in biases):
+            self.by_rows[rows] = None
+            return None
+        o, down = decided_int8(mods[3], rows), decided_int8(mods[6], rows)
+        gate_up = stacked_int8(mods[4:6])
+        plan = ((*qkv, bias, [m.out_features for m in mods[:3]]), (o.weight, o.scales, mods[3].bias),
+                (*gate_up, mods[4].out_features), (down.weight, down.scales, mods[6].bias))
+        self.by_rows[rows] = None if any(m.bias is not None for m in (mods[4], mods[5])) else plan
+        return self.by_rows[rows]
+
+
+_NORMS_OF = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+# body -> its layers' plans for the generate call in progress (built on its first lean call, dropped on exit)
+_PLANS: weakref.WeakKeyDictionary[nn.Module, list[_Layer]] = weakref.WeakKeyDictionary()
+
+
+def _plan(body: nn.Module) -> list[_Layer]:
+    plan = _PLANS.get(body)
+    if plan is None:
+        kinds = list(getattr(body.config, "layer_types", None) or ["full_attention"] * body.config.num_hidden_layers)
+        plan = _PLANS[body] = [_Layer(layer, kinds[i])
+                               for i, layer in enumerate(body.layers[: body.config.num_hidden_layers])]
+    return plan
+
+
+def _norm(layer: _Layer, name: str, x: torch.Tensor) -> torch.Tensor:
+    fused = layer.norms[name]
+    module = getattr(layer.layer, name)
+    return module(x) if fused is None else run_fused_norm(module, x, fused[0])
+
+
 def lean_forward(body: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                  position_ids: torch.Tensor | None, cache: DynamicCache) -> torch.Tensor:
     """``body(input_ids, attention_mask=..., position_ids=..., past_key_values=cache).last_hidden_state`` for a
@@ -104,43 +171,76 @@ def lean_forward(body: nn.Module, input_ids: torch.Tensor, attention_mask: torch
     hidden = body.embed_tokens(input_ids)
     if position_ids is None:
         position_ids = (torch.arange(hidden.shape[1], device=hidden.device) + cache.get_seq_length())[None]
-    kinds = list(getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers)
+    plan = _plan(body)
+    kinds = {layer.kind for layer in plan}
     mask_kwargs = {"config": config, "inputs_embeds": hidden, "attention_mask": attention_mask, _MASK_CACHE: cache,
                    "position_ids": position_ids}
     masks = {"full_attention": create_causal_mask(**mask_kwargs) if "full_attention" in kinds else None}
     if "sliding_attention" in kinds:
         masks["sliding_attention"] = create_sliding_window_causal_mask(**mask_kwargs)
     if sandwich:  # Gemma-3: a rotary table per layer type
-        rope = {kind: body.rotary_emb(hidden, position_ids, kind) for kind in set(kinds)}
+        rope = {kind: body.rotary_emb(hidden, position_ids, kind) for kind in kinds}
     else:
         shared = body.rotary_emb(hidden, position_ids)
-        rope = {kind: shared for kind in set(kinds)}
-    rotate = sys.modules[type(body.layers[0].self_attn).__module__].apply_rotary_pos_emb
+        rope = {kind: shared for kind in kinds}
+    modeling = sys.modules[type(plan[0].attn).__module__]
+    rotate, rotate_half = modeling.apply_rotary_pos_emb, modeling.rotate_half
     shape = hidden.shape[:-1]
-    for i, layer in enumerate(body.layers[: config.num_hidden_layers]):
-        attn = layer.self_attn
+    rows = hidden.shape[0] * hidden.shape[1]
+    for i, lp in enumerate(plan):
+        layer, attn = lp.layer, lp.attn
+        linears = lp.linears(rows)
         residual = hidden
-        x = layer.input_layernorm(hidden)
+        x = _norm(lp, "input_layernorm", hidden)
         split = (*shape, -1, attn.head_dim)
-        q = attn.q_proj(x).view(split).transpose(1, 2)
-        k = attn.k_proj(x).view(split).transpose(1, 2)
-        v = attn.v_proj(x).view(split).transpose(1, 2)
-        if hasattr(attn, "q_norm"):
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        cos, sin = rope[kinds[i]]
-        q, k = rotate(q, k, cos, sin)
+        if linears is not None:  # one int8 kernel call for q, k and v
+            weight, scales, bias, widths = linears[0]
+            qkv = int8_linear(x, weight, scales, bias)
+            nq, nk = widths[0], widths[1]
+            v = qkv[..., nq + nk :].view(split).transpose(1, 2)
+        else:
+            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+            v = v.view(split).transpose(1, 2)
+        cos, sin = rope[lp.kind]
+        if linears is not None and lp.qk_norm is not None:  # q's and k's heads normed and rotated together
+            heads = qkv[..., : nq + nk].view(split)
+            scale = torch.cat([lp.qk_norm[0].expand(nq // attn.head_dim, -1), lp.qk_norm[1].expand(nk // attn.head_dim,
+                                                                                                    -1)])
+            normed = (torch.nn.functional.rms_norm(heads.float(), (attn.head_dim,), None, attn.q_norm.eps)
+                      * scale).type_as(heads).transpose(1, 2)
+            cos1, sin1 = cos.unsqueeze(1), sin.unsqueeze(1)
+            turned = (normed * cos1) + (rotate_half(normed) * sin1)
+            q, k = turned[:, : nq // attn.head_dim], turned[:, nq // attn.head_dim :]
+        else:
+            if linears is not None:
+                q, k = qkv[..., :nq], qkv[..., nq : nq + nk]
+            q, k = q.view(split).transpose(1, 2), k.view(split).transpose(1, 2)
+            if hasattr(attn, "q_norm"):
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = rotate(q, k, cos, sin)
         k, v = append(cache.layers[i], k, v)
-        out, _ = sdpa_attention_forward(attn, q, k, v, masks[kinds[i]], dropout=0.0, scaling=attn.scaling,
+        out, _ = sdpa_attention_forward(attn, q, k, v, masks[lp.kind], dropout=0.0, scaling=attn.scaling,
                                         sliding_window=getattr(attn, "sliding_window", None))
-        out = attn.o_proj(out.reshape(*shape, -1).contiguous())
+        out = out.reshape(*shape, -1).contiguous()
+        out = attn.o_proj(out) if linears is None else int8_linear(out, *linears[1])
         if sandwich:
-            hidden = residual + layer.post_attention_layernorm(out)
+            hidden = residual + _norm(lp, "post_attention_layernorm", out)
             residual = hidden
-            hidden = residual + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(hidden)))
+            x = _norm(lp, "pre_feedforward_layernorm", hidden)
         else:
             hidden = residual + out
             residual = hidden
-            hidden = residual + layer.mlp(layer.post_attention_layernorm(hidden))
+            x = _norm(lp, "post_attention_layernorm", hidden)
+        mlp = layer.mlp
+        if linears is None:
+            x = mlp(x)
+        else:
+            weight, scales, width = linears[2]
+            gate_up = int8_linear(x, weight, scales)
+            x = int8_linear(mlp.act_fn(gate_up[..., :width]) * gate_up[..., width:], *linears[3])
+        if sandwich:
+            x = _norm(lp, "post_feedforward_layernorm", x)
+        hidden = residual + x
     return body.norm(hidden)
 
 
@@ -172,11 +272,13 @@ def _serve(self: nn.Module, input_ids=None, attention_mask=None, position_ids=No
         twin = _copy(cache)
         before = [layer.keys.shape[-2] if layer.is_initialized and layer.keys.dim() == 4 else 0
                   for layer in cache.layers]
+        trials = trials_run()
         own = type(self).forward(self, **own_kwargs)
         lean = lean_forward(self, input_ids, attention_mask, position_ids, twin)
-        CHECKED[self] = torch.equal(own.last_hidden_state, lean) and all(
-            torch.equal(a.keys[:, :, n:], b.keys[:, :, n:]) and torch.equal(a.values[:, :, n:], b.values[:, :, n:])
-            for a, b, n in zip(cache.layers, twin.layers, before))
+        if trials_run() == trials:  # (a kernel trial in either forward: they ran different kernels; next call)
+            CHECKED[self] = torch.equal(own.last_hidden_state, lean) and all(
+                torch.equal(a.keys[:, :, n:], b.keys[:, :, n:]) and torch.equal(a.values[:, :, n:], b.values[:, :, n:])
+                for a, b, n in zip(cache.layers, twin.layers, before))
         return own
     return BaseModelOutputWithPast(last_hidden_state=lean_forward(self, input_ids, attention_mask, position_ids, cache),
                                    past_key_values=cache)
@@ -203,6 +305,7 @@ class lean_forwards:  # noqa: N801 - a context manager used like a function
     def __exit__(self, *exc) -> None:
         if self.body is not None:
             self.body.__dict__.pop("forward", None)
+            _PLANS.pop(self.body, None)
 
 
 def wants_lean_forward(assistant) -> bool:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from hf_vocabspec.evaluation.benchmark import (Method, compare_methods, default_drafter_job, default_drafter_job_args,
-                                               machine_info, write_job_report)
+                                               job_rows, machine_info, write_job_report)
 from hf_vocabspec.generation import autocompile
 
 
@@ -34,14 +34,7 @@ def main() -> None:
                Method('default drafter ("auto")', drafter)]
     res = compare_methods(target, methods, prompts, max_new_tokens=args.max_new_tokens, repeats=1,
                           generate_kwargs={"do_sample": False})
-    base = res[methods[0].name]
-    rows = []
-    for m in methods:
-        r = res[m.name]
-        rows.append({"method": m.name, "new_tokens": r.new_tokens, "seconds": r.seconds,
-                     "tokens_per_second": r.new_tokens / r.seconds, "vs_target_only": base.seconds / r.seconds
-                     if r.new_tokens == base.new_tokens else None, "greedy_identical": r.outputs == base.outputs,
-                     "prompts_identical": sum(a == b for a, b in zip(r.outputs, base.outputs))})
+    rows = job_rows(res, methods)
     record = vars(autocompile.record_of(drafter))
     report = {"config": vars(args) | {"kept_vocab": k, "dtype": str(dtype),
                                        "auto_compile_after_seconds": autocompile.AUTO_COMPILE_AFTER_SECONDS},

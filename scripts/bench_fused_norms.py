@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hf_vocabspec.evaluation.benchmark import (Method, compare_methods, default_drafter_job, default_drafter_job_args,
-                                               machine_info, write_job_report)
+                                               job_rows, machine_info, write_job_report)
 
 
 def main() -> None:
@@ -28,15 +28,7 @@ def main() -> None:
                Method("default drafter (norms unfused)", drafter, attrs={"use_fused_norms": False})]
     res = compare_methods(target, methods, prompts, max_new_tokens=args.max_new_tokens, repeats=1,
                           generate_kwargs={"do_sample": False})
-    base, fused = res[methods[0].name], res[methods[1].name]
-    rows = []
-    for m in methods:
-        r = res[m.name]
-        rows.append({"method": m.name, "seconds": r.seconds, "vs_target_only": base.seconds / r.seconds,
-                     "draft_ms_per_step": 1e3 * r.stats.draft_seconds / r.stats.draft_steps
-                     if r.stats.draft_steps else None,
-                     "prompts_identical_to_norms_fused": sum(a == b for a, b in zip(r.outputs, fused.outputs)),
-                     "kernels": r.stats.kernels})
+    rows = job_rows(res, methods, reference=methods[1].name)
     info = machine_info()
     report = {"config": vars(args) | {"kept_vocab": job.kept_vocab, "dtype": str(job.dtype)}, "machine": info,
               "rows": rows}
@@ -46,7 +38,7 @@ def main() -> None:
              "|---|---|---|---|---|"]
     lines += [f"| {r['method']} | {r['seconds']:.1f} | {r['vs_target_only']:.3f}x | "
               f"{'-' if r['draft_ms_per_step'] is None else format(r['draft_ms_per_step'], '.1f')} | "
-              f"{r['prompts_identical_to_norms_fused']}/{len(prompts)} |" for r in rows]
+              f"{r['prompts_identical']}/{len(prompts)} |" for r in rows]
     lines += ["", f"stats.kernels (norms fused): {rows[1]['kernels']}",
               f"stats.kernels (norms unfused): {rows[2]['kernels']}"]
     write_job_report(Path(args.output), report, lines)

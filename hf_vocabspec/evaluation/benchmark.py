@@ -855,6 +855,27 @@ def default_drafter_job(args) -> DefaultDrafterJob:
     return DefaultDrafterJob(work.target.to(dtype).eval(), drafter, k, dtype, prompts)
 
 
+def job_rows(results: dict[str, MethodResult], methods: Sequence[Method], reference: str | None = None) -> list[dict]:
+    """A row per method of a default-drafter job (``compare_methods``, the first method target-only): its seconds
+    and tokens/s, its ratio against the first method in the same run, its mean draft step
+    (``stats.draft_seconds / draft_steps``), how many prompts' outputs equal ``reference``'s (default: the first
+    method's), and its kernels line."""
+    base = results[methods[0].name]
+    same = results[reference or methods[0].name]
+    rows = []
+    for m in methods:
+        r = results[m.name]
+        rows.append({"method": m.name, "new_tokens": r.new_tokens, "seconds": r.seconds,
+                     "tokens_per_second": r.new_tokens / r.seconds if r.seconds else None,
+                     "vs_target_only": base.seconds / r.seconds if r.seconds and r.new_tokens == base.new_tokens
+                     else None,
+                     "draft_ms_per_step": 1e3 * r.stats.draft_seconds / r.stats.draft_steps
+                     if r.stats.draft_steps else None,
+                     "prompts_identical": sum(a == b for a, b in zip(r.outputs, same.outputs)),
+                     "kernels": r.stats.kernels})
+    return rows
+
+
 def write_job_report(out: Path, report: dict, lines: list[str]) -> None:
     """A default-drafter job's results.json and results.md under ``out`` (atomic), and the table printed."""
     atomic_write(out / "results.json", lambda p: p.write_text(json.dumps(report, indent=2)))
