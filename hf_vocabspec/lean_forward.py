@@ -115,8 +115,10 @@ class _Layer:
             q, k = fused_norm_scale(q_norm), fused_norm_scale(k_norm)
             # Gemma's style, both fused: one norm over q's and k's heads together (each head normed alone, so the
             # same values), scaled per head by its own (1 + weight)
-            if q is not None and k is not None and q[0] is not None and k[0] is not None:
-                self.qk_norm = (q[0], k[0])
+            if (q is not None and k is not None and q[0] is not None and k[0] is not None
+                    and q_norm.eps == k_norm.eps):
+                heads = self.attn.config.num_attention_heads, self.attn.config.num_key_value_heads
+                self.qk_norm = torch.cat([q[0].expand(heads[0], -1), k[0].expand(heads[1], -1)])  # a row per head
         self.by_rows: dict[int, tuple | None] = {}
 
     def linears(self, rows: int):
@@ -204,10 +206,8 @@ def lean_forward(body: nn.Module, input_ids: torch.Tensor, attention_mask: torch
         cos, sin = rope[lp.kind]
         if linears is not None and lp.qk_norm is not None:  # q's and k's heads normed and rotated together
             heads = qkv[..., : nq + nk].view(split)
-            scale = torch.cat([lp.qk_norm[0].expand(nq // attn.head_dim, -1), lp.qk_norm[1].expand(nk // attn.head_dim,
-                                                                                                    -1)])
             normed = (torch.nn.functional.rms_norm(heads.float(), (attn.head_dim,), None, attn.q_norm.eps)
-                      * scale).type_as(heads).transpose(1, 2)
+                      * lp.qk_norm).type_as(heads).transpose(1, 2)
             cos1, sin1 = cos.unsqueeze(1), sin.unsqueeze(1)
             turned = (normed * cos1) + (rotate_half(normed) * sin1)
             q, k = turned[:, : nq // attn.head_dim], turned[:, nq // attn.head_dim :]

@@ -143,3 +143,72 @@ def test_power_a_wrong_lean_forward_is_not_served(monkeypatch):
     ref = target.generate(prompt, do_sample=False, max_new_tokens=16)
     assert torch.equal(target.generate(prompt, assistant_model=drafter, do_sample=False, max_new_tokens=16), ref)
     assert lf.served(drafter.model) is False
+
+
+# --- the stacked int8 layers and merged norms (where the fast linears chose the int8 copies) ---------------------
+def _forced_int8(body, rows=range(1, 8)):
+    """The fast linears on ``body`` as a drafter's, every layer's choice made: its int8 copy for ``rows``."""
+    from torch import nn
+
+    from hf_vocabspec import kernels
+
+    for m in body.modules():
+        if type(m) is nn.Linear and "forward" in m.__dict__:
+            for r in rows:
+                kernels._DECIDED[kernels._fast_key(m, r, True)] = "int8"
+
+
+@pytest.mark.parametrize("family", ["qwen2", "gemma3"])  # q/k/v biases; q/k norms merged
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bitwise_with_stacked_int8_layers(family, dtype):
+    from hf_vocabspec import kernels
+
+    if not kernels.quantization_ops_available("int8"):
+        pytest.skip("no int8 kernel in this torch")
+    torch.manual_seed(0)
+    body = BODIES[family]().to(dtype).eval()
+    try:
+        with kernels.fast_linears(draft=(body,)):
+            _forced_int8(body)
+            lf._PLANS.pop(body, None)
+            with torch.no_grad():  # the norms' first calls (each checks its fused form against its own)
+                body(input_ids=torch.tensor([[5, 6, 7]]), use_cache=False)
+            pairs = _steps(body, lf.lean_forward, 3, dtype=dtype)
+            plan = lf._plan(body)
+            with torch.no_grad():
+                assert all(layer.linears(3) is not None and layer.linears(1) is not None for layer in plan)
+            if family == "gemma3":
+                assert all(layer.qk_norm is not None for layer in plan)
+            for own, lean in pairs:
+                assert torch.equal(own, lean)
+            # the layers' own int8 copies are views of the stacked one (no second copy)
+            attn = body.layers[0].self_attn
+            stacked = kernels._STACKED[attn.q_proj][1][0]
+            assert kernels._INT8[attn.k_proj][2].weight.data_ptr() > stacked.data_ptr()
+            assert kernels._INT8[attn.k_proj][2].weight.untyped_storage().data_ptr() == \
+                stacked.untyped_storage().data_ptr()
+    finally:
+        kernels.forget_choices()
+        kernels.release(body)
+        lf._PLANS.pop(body, None)
+
+
+def test_power_a_misstacked_layer_is_caught(monkeypatch):
+    """q's and k's rows stacked in the wrong order: the lean forward differs (so the first-call check refuses it)."""
+    from hf_vocabspec import kernels
+
+    if not kernels.quantization_ops_available("int8"):
+        pytest.skip("no int8 kernel in this torch")
+    stacked = kernels.stacked_int8
+    monkeypatch.setattr(lf, "stacked_int8", lambda mods: stacked([mods[1], mods[0], *mods[2:]]))
+    torch.manual_seed(0)
+    body = BODIES["llama"]().eval()
+    try:
+        with kernels.fast_linears(draft=(body,)):
+            _forced_int8(body)
+            lf._PLANS.pop(body, None)
+            assert not all(torch.equal(own, lean) for own, lean in _steps(body, lf.lean_forward, 1))
+    finally:
+        kernels.forget_choices()
+        kernels.release(body)
+        lf._PLANS.pop(body, None)
