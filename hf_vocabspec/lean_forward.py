@@ -39,6 +39,7 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from .kernels import decided_int8, fused_norm_scale, int8_linear, run_fused_norm, stacked_int8, trials_run
+from .modeling import cache_kwarg
 
 __all__ = ["FAMILIES", "MAX_POSITIONS", "append", "eligible", "lean_forward", "lean_forwards", "served",
            "wants_lean_forward"]
@@ -264,7 +265,7 @@ def _serve(self: nn.Module, input_ids=None, attention_mask=None, position_ids=No
     own_kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
                   "inputs_embeds": inputs_embeds, "use_cache": use_cache, **kwargs}
     if cache is not None:
-        own_kwargs[_MASK_CACHE] = cache
+        own_kwargs[cache_kwarg(self)] = cache
     if (input_ids is None or inputs_embeds is not None or kwargs or use_cache is False or cache is None
             or not eligible(self, cache, input_ids.shape[1]) or CHECKED.get(self) is False):
         return type(self).forward(self, **own_kwargs)

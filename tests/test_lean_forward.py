@@ -14,6 +14,7 @@ from transformers.cache_utils import DynamicCache
 import hf_vocabspec
 from hf_vocabspec import lean_forward as lf
 from hf_vocabspec.generation.engine import _AlignedCache
+from hf_vocabspec.modeling import cache_kwarg
 from tiny import VOCAB, gemma3_config, llama_config, make_pair
 
 
@@ -46,16 +47,16 @@ def _steps(body, lean, batch: int, dtype=torch.float32, fed=(1, 3, 1, 2, 1)):
     out = []
     with torch.no_grad():
         for cache in (own_cache, lean_cache):
-            body(input_ids=ids, attention_mask=mask if batch > 1 else None, position_ids=pos, past_key_values=cache,
-                 use_cache=True)
+            body(input_ids=ids, attention_mask=mask if batch > 1 else None, position_ids=pos, use_cache=True,
+                 **{cache_kwarg(body): cache})
         for m in fed:
             new = torch.randint(3, VOCAB, (batch, m), generator=g)
             mask = torch.cat([mask, torch.ones(batch, m, dtype=torch.long)], 1)
             p = pos[:, -1:] + 1 + torch.arange(m)[None]
             pos = torch.cat([pos, p], 1)
             m2 = mask if batch > 1 else None
-            a = body(input_ids=new, attention_mask=m2, position_ids=p, past_key_values=own_cache,
-                     use_cache=True).last_hidden_state
+            a = body(input_ids=new, attention_mask=m2, position_ids=p, use_cache=True,
+                     **{cache_kwarg(body): own_cache}).last_hidden_state
             out.append((a, lean(body, new, m2, p, lean_cache)))
             for cache in (own_cache, lean_cache):  # one rejected column rolled back: a narrower view
                 for layer in cache.layers:
