@@ -383,9 +383,9 @@ def measure_draft_latency(
 ) -> LatencyCurve:
     """Time one cached decode step of ``model``'s body plus a k-row LM head, for each k, and the body alone.
 
-    A ``DynamicCache(config=body_config)`` is prefilled with ``context_length`` tokens; each timed step
-    runs the body on ONE new token and multiplies its last hidden state by the first k rows of the
-    model's LM head (sliced from the weight: which rows does not change the time, so no trim is needed),
+    The engine's eager step cache (``generation.engine.eager_step_cache``: timed steps run what generate runs, the
+    lean forward included) is prefilled with ``context_length`` tokens; each timed step runs the body on ONE new
+    token and multiplies its last hidden state by the first k rows of the model's LM head (sliced from the weight: which rows does not change the time, so no trim is needed),
     then crops the cache back so every step sees the same context. Sizes are timed round-robin (slow
     drifts of a shared machine hit every k alike); each size reports the median of ``repeats``.
     Works on a plain causal LM or a :class:`~hf_vocabspec.modeling.TrimmedDrafter` (then k <= its kept size).
@@ -396,8 +396,6 @@ def measure_draft_latency(
     as a drafter with ``compile_draft_step`` runs it, through the engine's compiled call on a static cache of its
     own (``DraftStep.compile``; the heads stay eager), the compile paid in the warm-up steps (not timed).
     """
-    from transformers.cache_utils import DynamicCache
-
     body = model_body(model)
     out_layer = model.get_output_embeddings()
     weight = out_layer.weight.detach()
@@ -416,9 +414,10 @@ def measure_draft_latency(
     step_ids = ids[:, context_length:]
     pos = torch.tensor([[context_length]], device=device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    if compile_options is None:
-        cache = DynamicCache(config=body.config)
-        cache.activate_past_recording()  # sliding-window layers must be croppable back after each step
+    if compile_options is None:  # the engine's eager step cache (the lean forward serves the body there)
+        from .generation.engine import eager_step_cache
+
+        cache = eager_step_cache(body.config).cache
         step, back = body, lambda: cache.crop(-1)  # back to context_length tokens
     else:  # the engine's compiled draft step (generation/: its static cache, compiled call and rollback)
         from .generation.draft_step import compiled_call, graph_call, static_columns

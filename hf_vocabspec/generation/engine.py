@@ -396,6 +396,13 @@ class _AlignedCache:
         self.length -= n
 
 
+def eager_step_cache(config) -> _AlignedCache:
+    """A drafter's eager steps' cache as the engine holds it (``engine_cache``, sliding layers kept whole: the mask
+    applies the window), for timing those steps outside a generate call (``cost.measure_draft_latency``): the
+    steps then run what a generate call runs (the lean forward where it serves, :mod:`hf_vocabspec.lean_forward`)."""
+    return _AlignedCache(engine_cache(config))
+
+
 def static_step_cache(config, columns: int) -> _AlignedCache:
     """A compiled draft step's cache as the engine holds it (``engine_cache`` of ``columns`` static columns, every
     layer a full-length buffer), for timing that step outside a generate call (``cost.measure_draft_latency``,
