@@ -13,35 +13,12 @@ Smallest check: python scripts/bench_fused_norms.py --prompts 2 --max-new-tokens
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from hf_vocabspec.evaluation.benchmark import (Method, compare_methods, default_drafter_job, default_drafter_job_args,
-                                               job_rows, machine_info, write_job_report)
+from hf_vocabspec.evaluation.benchmark import drafter_switch_job
 
 
 def main() -> None:
-    args = default_drafter_job_args(__doc__.splitlines()[0], prompts=16, output="results/bench-fused-norms")
-    job = default_drafter_job(args)
-    target, drafter, prompts = job.target, job.drafter, job.prompts
-    methods = [Method("target only (fast linears)", fast_linears=True),
-               Method("default drafter (norms fused)", drafter),
-               Method("default drafter (norms unfused)", drafter, attrs={"use_fused_norms": False})]
-    res = compare_methods(target, methods, prompts, max_new_tokens=args.max_new_tokens, repeats=1,
-                          generate_kwargs={"do_sample": False})
-    rows = job_rows(res, methods, reference=methods[1].name)
-    info = machine_info()
-    report = {"config": vars(args) | {"kept_vocab": job.kept_vocab, "dtype": str(job.dtype)}, "machine": info,
-              "rows": rows}
-    lines = [f"# The drafter's fused norms on and off: {len(prompts)} prompts x {args.max_new_tokens} new tokens, "
-             f"{args.target}, k = {job.kept_vocab}, {job.dtype}", "", f"machine: {info}", "",
-             "| method | seconds | vs target-only (same run) | draft ms / step | prompts identical to norms fused |",
-             "|---|---|---|---|---|"]
-    lines += [f"| {r['method']} | {r['seconds']:.1f} | {r['vs_target_only']:.3f}x | "
-              f"{'-' if r['draft_ms_per_step'] is None else format(r['draft_ms_per_step'], '.1f')} | "
-              f"{r['prompts_identical']}/{len(prompts)} |" for r in rows]
-    lines += ["", f"stats.kernels (norms fused): {rows[1]['kernels']}",
-              f"stats.kernels (norms unfused): {rows[2]['kernels']}"]
-    write_job_report(Path(args.output), report, lines)
+    drafter_switch_job(__doc__.splitlines()[0].rstrip("."), switch="use_fused_norms", on="norms fused",
+                       off="norms unfused", prompts=16, output="results/bench-fused-norms")
 
 
 if __name__ == "__main__":

@@ -13,37 +13,14 @@ Smallest check: python scripts/bench_lean_forward.py --prompts 2 --max-new-token
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from hf_vocabspec import lean_forward
-from hf_vocabspec.evaluation.benchmark import (Method, compare_methods, default_drafter_job, default_drafter_job_args,
-                                               job_rows, machine_info, write_job_report)
+from hf_vocabspec.evaluation.benchmark import drafter_switch_job
 
 
 def main() -> None:
-    args = default_drafter_job_args(__doc__.splitlines()[0], prompts=16, output="results/bench-lean-forward")
-    job = default_drafter_job(args)
-    target, drafter, prompts = job.target, job.drafter, job.prompts
-    methods = [Method("target only (fast linears)", fast_linears=True),
-               Method("default drafter (lean forward)", drafter),
-               Method("default drafter (own forward)", drafter, attrs={"use_lean_forward": False})]
-    res = compare_methods(target, methods, prompts, max_new_tokens=args.max_new_tokens, repeats=1,
-                          generate_kwargs={"do_sample": False})
-    rows = job_rows(res, methods, reference=methods[1].name)
-    info = machine_info()
-    report = {"config": vars(args) | {"kept_vocab": job.kept_vocab, "dtype": str(job.dtype)}, "machine": info,
-              "rows": rows, "lean_forward_served": lean_forward.served(drafter.model)}
-    lines = [f"# The drafter's lean forward on and off: {len(prompts)} prompts x {args.max_new_tokens} new tokens, "
-             f"{args.target}, k = {job.kept_vocab}, {job.dtype}", "", f"machine: {info}", "",
-             "| method | seconds | vs target-only (same run) | draft ms / step | prompts identical to lean |",
-             "|---|---|---|---|---|"]
-    lines += [f"| {r['method']} | {r['seconds']:.1f} | {r['vs_target_only']:.3f}x | "
-              f"{'-' if r['draft_ms_per_step'] is None else format(r['draft_ms_per_step'], '.1f')} | "
-              f"{r['prompts_identical']}/{len(prompts)} |" for r in rows]
-    lines += ["", f"lean forward served (its first call matched the body's own bitwise): "
-              f"{report['lean_forward_served']}", f"stats.kernels (lean): {rows[1]['kernels']}",
-              f"stats.kernels (own): {rows[2]['kernels']}"]
-    write_job_report(Path(args.output), report, lines)
+    drafter_switch_job(__doc__.splitlines()[0].rstrip("."), switch="use_lean_forward", on="lean forward",
+                       off="own forward", prompts=16, output="results/bench-lean-forward",
+                       extra=lambda drafter: {"lean_forward_served": lean_forward.served(drafter.model)})
 
 
 if __name__ == "__main__":

@@ -876,6 +876,40 @@ def job_rows(results: dict[str, MethodResult], methods: Sequence[Method], refere
     return rows
 
 
+def drafter_switch_job(description: str, *, switch: str, on: str, off: str, prompts: int, output: str,
+                       extra: Callable[[TrimmedDrafter], dict] | None = None) -> dict:
+    """A default-drafter job (``default_drafter_job_args`` parse the command line) that times one of the drafter's
+    switches on and off, interleaved prompt by prompt in one process (``compare_methods``, one pass): target-only
+    with the same fast linears, the default drafter as generate runs it (``on``), and the same drafter with
+    ``switch = False`` (``off``). Reports each method's seconds against target-only, its mean draft step and how many
+    prompts' outputs equal the switched-on drafter's; ``extra(drafter)`` adds report entries (each also a line).
+    Writes results.json / results.md under --output and prints the table."""
+    args = default_drafter_job_args(description, prompts=prompts, output=output)
+    job = default_drafter_job(args)
+    methods = [Method("target only (fast linears)", fast_linears=True),
+               Method(f"default drafter ({on})", job.drafter),
+               Method(f"default drafter ({off})", job.drafter, attrs={switch: False})]
+    res = compare_methods(job.target, methods, job.prompts, max_new_tokens=args.max_new_tokens, repeats=1,
+                          generate_kwargs={"do_sample": False})
+    rows = job_rows(res, methods, reference=methods[1].name)
+    info = machine_info()
+    more = extra(job.drafter) if extra is not None else {}
+    report = {"config": vars(args) | {"kept_vocab": job.kept_vocab, "dtype": str(job.dtype), "switch": switch},
+              "machine": info, "rows": rows, **more}
+    n = len(job.prompts)
+    lines = [f"# {description}: {n} prompts x {args.max_new_tokens} new tokens, {args.target}, k = {job.kept_vocab}, "
+             f"{job.dtype}", "", f"machine: {info}", "",
+             f"| method | seconds | vs target-only (same run) | draft ms / step | prompts identical to {on} |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {r['method']} | {r['seconds']:.1f} | {r['vs_target_only']:.3f}x | "
+              f"{'-' if r['draft_ms_per_step'] is None else format(r['draft_ms_per_step'], '.1f')} | "
+              f"{r['prompts_identical']}/{n} |" for r in rows]
+    lines += [""] + [f"{key}: {value}" for key, value in more.items()]
+    lines += [f"stats.kernels ({on}): {rows[1]['kernels']}", f"stats.kernels ({off}): {rows[2]['kernels']}"]
+    write_job_report(Path(args.output), report, lines)
+    return report
+
+
 def write_job_report(out: Path, report: dict, lines: list[str]) -> None:
     """A default-drafter job's results.json and results.md under ``out`` (atomic), and the table printed."""
     atomic_write(out / "results.json", lambda p: p.write_text(json.dumps(report, indent=2)))
