@@ -385,8 +385,9 @@ def measure_draft_latency(
 
     The engine's eager step cache (``generation.engine.eager_step_cache``: timed steps run what generate runs, the
     lean forward included) is prefilled with ``context_length`` tokens; each timed step runs the body on ONE new
-    token and multiplies its last hidden state by the first k rows of the model's LM head (sliced from the weight: which rows does not change the time, so no trim is needed),
-    then crops the cache back so every step sees the same context. Sizes are timed round-robin (slow
+    token and multiplies its last hidden state by the first k rows of the model's LM head (sliced from the weight:
+    which rows does not change the time, so no trim is needed), then crops the cache back so every step sees the
+    same context. Sizes are timed round-robin (slow
     drifts of a shared machine hit every k alike); each size reports the median of ``repeats``.
     Works on a plain causal LM or a :class:`~hf_vocabspec.modeling.TrimmedDrafter` (then k <= its kept size).
     A model whose layers were quantized (``apply_weight_quantization``) is timed with its k-row heads quantized
