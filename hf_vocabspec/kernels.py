@@ -62,7 +62,7 @@ from .modeling import QUANTIZED_MAX_ROWS, quantization_ops_available, quantize_w
 
 __all__ = ["DRAFT_CANDIDATES", "EXACT_ROWS", "MARGIN", "MAX_ROWS", "MEMORY_SHARE", "TRIALS", "FastLinears",
            "KernelChoice", "KernelKey", "available", "choices", "compiled_int8_copies", "decided_int8", "fast_linears",
-           "fused_norm_scale", "fused_norms", "int8_linear", "packed_linear", "run_fused_norm", "stacked_int8",
+           "fused_norm", "fused_norm_scale", "fused_norms", "int8_linear", "packed_linear", "stacked_int8",
            "release", "rows_bucket", "settle_choices",
            "trials_run", "wants_fast_linears", "wants_fused_norms", "wants_int8_copies"]
 
@@ -255,7 +255,7 @@ def decided_int8(module: nn.Linear, rows: int):
     """``module``'s int8 copy where the fast linears run it for forwards of ``rows`` rows: a drafter's layer (its
     forward is theirs) whose choice for that count is made and is the int8 copy; else None (the caller calls the
     module). For the drafter's lean forward (:mod:`hf_vocabspec.lean_forward`), which calls the kernel itself."""
-    if getattr(module.__dict__.get("forward"), "__func__", None) is not _draft_forward:
+    if not _is_draft(module):
         return None
     weight = module.weight
     if (weight.dtype not in _DTYPES or torch.is_grad_enabled()
@@ -297,7 +297,7 @@ def int8_linear(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
 def fused_norm_scale(module: nn.Module):
     """``(scale,)`` where ``module`` (a drafter's RMSNorm) runs fused, its first call having matched its own forward
     (``scale``: Gemma's float32 ``1 + weight``, None in Llama's style); None where it runs its own forward or is
-    not the fast linears' (the caller calls the module). See :func:`run_fused_norm`."""
+    not the fast linears' (the caller calls the module). See :func:`fused_norm`."""
     if getattr(module.__dict__.get("forward"), "__func__", None) is not _norm_forward:
         return None
     entry = _NORMS.get(module)
@@ -305,11 +305,6 @@ def fused_norm_scale(module: nn.Module):
     if entry is None or entry[:2] != (weight.data_ptr(), weight._version) or not entry[3]:
         return None
     return (entry[2],)
-
-
-def run_fused_norm(module: nn.Module, x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-    """What ``module(x)`` runs where :func:`fused_norm_scale` gave ``(scale,)``."""
-    return _fused_norm(module, x, scale)
 
 
 def _run(name: str, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -344,7 +339,9 @@ def _eligible_norm(module: nn.Module) -> bool:
             and isinstance(weight, torch.Tensor) and weight.dim() == 1 and weight.device.type == "cpu")
 
 
-def _fused_norm(module: nn.Module, x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+def fused_norm(module: nn.Module, x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """What ``module(x)`` runs where :func:`fused_norm_scale` gave ``(scale,)``: torch's ``F.rms_norm`` with the
+    class's own arithmetic (see above)."""
     if scale is not None:  # Gemma: (x_hat * (1 + weight)) in float32, then x's dtype
         return F.rms_norm(x.float(), (x.shape[-1],), scale, module.eps).type_as(x)
     return module.weight * F.rms_norm(x.float(), (x.shape[-1],), None, module.variance_epsilon).to(x.dtype)
@@ -357,10 +354,10 @@ def _norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if entry is not None and entry[:2] == stamp:
         if not entry[3]:
             return type(self).forward(self, x)
-        return _fused_norm(self, x, entry[2])
+        return fused_norm(self, x, entry[2])
     scale = (1.0 + weight.detach().float()) if _NORM_STYLES[type(self).__name__] == "one_plus" else None
     own = type(self).forward(self, x)
-    _NORMS[self] = (*stamp, scale, torch.equal(own, _fused_norm(self, x, scale)))
+    _NORMS[self] = (*stamp, scale, torch.equal(own, fused_norm(self, x, scale)))
     return own
 
 

@@ -47,7 +47,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
-from .kernels import decided_int8, fused_norm_scale, int8_linear, run_fused_norm, stacked_int8, trials_run
+from .kernels import decided_int8, fused_norm, fused_norm_scale, int8_linear, stacked_int8, trials_run
 from .modeling import cache_kwarg
 
 __all__ = ["FAMILIES", "MAX_POSITIONS", "append", "eligible", "lean_forward", "lean_forwards", "served",
@@ -142,11 +142,12 @@ class _Layer:
         if len(set(biases)) > 1 or mlp.gate_proj.bias is not None or mlp.up_proj.bias is not None:
             self.by_rows[rows] = None  # (biases on some of q/k/v, or on gate/up: the modules)
             return None
-        if not all(isinstance(m, nn.Linear) for m in mods) or any(decided_int8(m, rows) is None for m in mods):
+        copies = [decided_int8(m, rows) if isinstance(m, nn.Linear) else None for m in mods]
+        if any(c is None for c in copies):
             return None  # (not cached: a choice still in trial is made later in the call)
         qkv = stacked_int8(mods[:3])
         bias = torch.cat([m.bias for m in mods[:3]]) if biases[0] else None
-        o, down = decided_int8(mods[3], rows), decided_int8(mods[6], rows)
+        o, down = copies[3], copies[6]
         gate_up = stacked_int8(mods[4:6])
         self.by_rows[rows] = ((*qkv, bias, [m.out_features for m in mods[:3]]), (o.weight, o.scales, mods[3].bias),
                               (*gate_up, mods[4].out_features), (down.weight, down.scales, mods[6].bias))
@@ -170,7 +171,7 @@ def _plan(body: nn.Module) -> list[_Layer]:
 def _norm(layer: _Layer, name: str, x: torch.Tensor) -> torch.Tensor:
     fused = layer.norms[name]
     module = getattr(layer.layer, name)
-    return module(x) if fused is None else run_fused_norm(module, x, fused[0])
+    return module(x) if fused is None else fused_norm(module, x, fused[0])
 
 
 def lean_forward(body: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
