@@ -19,12 +19,14 @@ memory as the weight itself).
 
 A drafter's layers (``fast_linears(..., draft=...)``), for forwards of up to ``QUANTIZED_MAX_ROWS`` rows, trial their
 weight-only int8 copy against ``F.linear`` instead of the packed kernel (``DRAFT_CANDIDATES``): see there why, and
-why only a drafter's.
+why only a drafter's. Its bfloat16 layers, for forwards of more than ``MAX_ROWS`` rows (its prompt's prefill), trial
+the weight widened to float32 against ``F.linear`` (``PREFILL_CANDIDATES``).
 
 Exactness: the packed kernel sums in another order than ``F.linear`` (~1e-6 relative in float32; bf16 measured
 identical), the same order of difference as between transformers' own verify and decode forwards, which already
 use different kernels. Skipped (the original ``F.linear`` runs): other devices than CPU, dtypes other than
-float32/bfloat16, autograd, more than ``MAX_ROWS`` rows (prefill: GEMM kernels are efficient there), subclasses of
+float32/bfloat16, autograd, more than ``MAX_ROWS`` rows (prefill: GEMM kernels are efficient there; but for a
+drafter's bfloat16 layers, above), subclasses of
 ``nn.Linear`` (quantised layers) and modules whose ``forward`` someone already replaced (accelerate hooks).
 
 Two timed-kernel paths, one choice. The verify head (:mod:`hf_vocabspec.verify_head`) also times kernels against
@@ -60,11 +62,11 @@ from torch import nn
 
 from .modeling import QUANTIZED_MAX_ROWS, quantization_ops_available, quantize_weight, serve_quantized
 
-__all__ = ["DRAFT_CANDIDATES", "EXACT_ROWS", "MARGIN", "MAX_ROWS", "MEMORY_SHARE", "TRIALS", "FastLinears",
-           "KernelChoice", "KernelKey", "available", "choices", "compiled_int8_copies", "decided_int8", "fast_linears",
-           "fused_norm", "fused_norm_scale", "fused_norms", "int8_linear", "packed_linear", "stacked_int8",
-           "release", "rows_bucket", "settle_choices",
-           "trials_run", "wants_fast_linears", "wants_fused_norms", "wants_int8_copies"]
+__all__ = ["DRAFT_CANDIDATES", "EXACT_ROWS", "MARGIN", "MAX_ROWS", "MEMORY_SHARE", "PREFILL_CANDIDATES", "TRIALS",
+           "FastLinears", "KernelChoice", "KernelKey", "available", "choices", "compiled_int8_copies", "decided_int8",
+           "fast_linears", "fused_norm", "fused_norm_scale", "fused_norms", "int8_linear", "packed_linear", "release",
+           "rows_bucket", "settle_choices", "stacked_int8", "trials_run", "wants_fast_linears", "wants_fused_norms",
+           "wants_int8_copies", "wants_widened_prefill", "widened_linear"]
 
 MAX_ROWS = 64
 # Timed calls per candidate (after one untimed call each) before choosing by median, and the speed-up the packed
@@ -90,6 +92,17 @@ CANDIDATES = ("linear", "packed")
 # more) and 96 with every layer packed; 70 / 87 at 2 rows, 76 / 80 at 4 rows. Pair G's drafter: the trials kept
 # int8 everywhere (33 ms, 44 packed).
 DRAFT_CANDIDATES = ("linear", "int8")
+# A drafter's bfloat16 layers, for forwards of more than MAX_ROWS rows (its prompt's prefill), also trial the same
+# weights widened to float32 (:func:`widened_linear`: copied into a buffer reused by every layer of the shape, the
+# product in float32, its result rounded to bfloat16, as a bf16 GEMM rounds its float32 sums). Why: on a CPU
+# without AMX, torch's bf16 GEMM runs well below its float32 one. Measured on machine E (Intel Xeon model 207,
+# AVX-512 BF16, no AMX, 2026-12-07, torch 2.13; /tmp-free script in docs/results/drafter-prefill-float32-machine-e-2026-12-07.md):
+# a 4864x896 weight at 512 rows ran 150 GFLOP/s in bf16 against 260 in float32, and Qwen2.5-0.5B's 168 body
+# layers took 1.89 s in bf16 against 1.35 s widened for 400 rows (532 against 458 ms for 100 rows; at 32 rows
+# bf16 won, 225 against 272 ms). Pair Q's default drafter spent 3.3 s of a 24 s HumanEval run in its prefills.
+# Only a drafter's (what it computes changes by summation order only, and it changes drafts, never the output);
+# where bf16 is faster (AMX) the trials keep F.linear.
+PREFILL_CANDIDATES = ("linear", "float32")
 
 
 def available() -> bool:
@@ -108,7 +121,8 @@ class KernelKey:
     bias: bool
     rows: int  # the fast linears key by :func:`rows_bucket`; the verify head by the exact count
     threads: int
-    draft: bool = False  # a drafter's layer at up to QUANTIZED_MAX_ROWS rows: the int8 copy is one more candidate
+    draft: bool = False  # a drafter's layer with candidates of its own: the int8 copy (up to QUANTIZED_MAX_ROWS rows)
+    # or, bfloat16 past MAX_ROWS rows, the float32-widened weight (``_candidates``)
 
 
 @dataclass
@@ -123,7 +137,7 @@ class KernelChoice:
 
     def __post_init__(self) -> None:
         if not self.timings_ms:
-            self.timings_ms = {name: [] for name in _candidates(self.key.draft)}
+            self.timings_ms = {name: [] for name in _candidates(self.key.draft, self.key.rows)}
 
     def median_ms(self, name: str) -> float:
         return statistics.median(self.timings_ms[name])
@@ -207,6 +221,7 @@ def release(model: nn.Module | None = None) -> None:
     """Drop the packed (and int8) copies of ``model``'s linear layers (of every model when None) to free their
     memory."""
     with _LOCK:
+        _WIDE.clear()  # (buffers shared by every layer of a shape: dropped on any release)
         if model is None:
             _PACKED.clear()
             _INT8.clear()
@@ -315,7 +330,28 @@ def _run(name: str, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     elif name == "int8":
         q = _int8(module)
         return int8_linear(x, q.weight, q.scales, module.bias)
+    elif name == "float32":
+        return widened_linear(x, module.weight, module.bias)
     return F.linear(x, module.weight, module.bias)
+
+
+# a drafter's layers whose fast_linears block said ``widen=False`` (``use_widened_prefill`` off): no float32 trial
+_NARROW: weakref.WeakSet[nn.Linear] = weakref.WeakSet()
+# (thread, weight shape) -> the float32 buffer widened_linear copies a weight into: one per shape, shared by every
+# layer of it, reused from call to call (a new tensor per call would page in fresh memory every time)
+_WIDE: dict[tuple[int, torch.Size], torch.Tensor] = {}
+
+
+def widened_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` computed in float32 (``x``, ``weight`` and ``bias`` widened, exactly), its
+    result rounded to ``x``'s dtype: a drafter's prefill on CPUs whose bf16 GEMM is slower (``PREFILL_CANDIDATES``)."""
+    key = (threading.get_ident(), weight.shape)
+    wide = _WIDE.get(key)
+    if wide is None:
+        with torch.inference_mode(False):  # (a normal tensor: written in place in and out of inference mode)
+            wide = _WIDE[key] = torch.empty(weight.shape, dtype=torch.float32, device=weight.device)
+    wide.copy_(weight)
+    return F.linear(x.float(), wide, None if bias is None else bias.float()).to(x.dtype)
 
 
 # A drafter's RMSNorms (``fast_linears(..., draft=...)``) run torch's ``F.rms_norm`` in place of their module's eight
@@ -384,15 +420,19 @@ def rows_bucket(rows: int) -> int:
 
 def _fast_key(module: nn.Linear, rows: int, draft: bool = False) -> tuple:
     """The per-call key of ``_DECIDED``: (dtype, out, in, bias, rows_bucket(rows), threads, draft) where ``draft``
-    says the int8 copy is a candidate (a drafter's layer, a forward of at most QUANTIZED_MAX_ROWS rows)."""
+    says a drafter's own candidates apply (a drafter's layer: the int8 copy for a forward of at most
+    QUANTIZED_MAX_ROWS rows, the float32-widened weight for a bfloat16 one of more than MAX_ROWS)."""
     weight = module.weight
     return (weight.dtype, weight.shape[0], weight.shape[1], module.bias is not None, rows_bucket(rows),
-            torch.get_num_threads(), draft and rows <= QUANTIZED_MAX_ROWS)
+            torch.get_num_threads(),
+            draft and (rows <= QUANTIZED_MAX_ROWS or (rows > MAX_ROWS and weight.dtype == torch.bfloat16)))
 
 
-def _candidates(int8_candidate: bool) -> tuple[str, ...]:
-    """The kernels a key trials, from its last field (``_fast_key``'s rule, ``KernelKey.draft``)."""
-    return DRAFT_CANDIDATES if int8_candidate else CANDIDATES
+def _candidates(draft: bool, rows: int) -> tuple[str, ...]:
+    """The kernels a key trials, from its ``draft`` field and rows (``_fast_key``'s rule, ``KernelKey``)."""
+    if not draft:
+        return CANDIDATES
+    return PREFILL_CANDIDATES if rows > MAX_ROWS else DRAFT_CANDIDATES
 
 
 def _kernel_key(fast: tuple) -> KernelKey:
@@ -434,7 +474,7 @@ def settle_choices(model: nn.Module, rows: Iterable[int], *, max_forwards: int |
                 # (8960x1536: 3.3 against 2.1 ms) and kept the packed kernel for decode, 7% slower there.
                 model(input_ids=torch.arange(MAX_ROWS + 1, device=model.device)[None] % vocab, use_cache=False)
                 runs, touched = runs + 1, True
-            most = max((len(_candidates(_fast_key(m, count, _is_draft(m))[-1])) for m in left), default=0)
+            most = max((len(_candidates(_fast_key(m, count, _is_draft(m))[-1], count)) for m in left), default=0)
             for _ in range((max_forwards or most * (TRIALS + 1)) if left else 0):
                 model(input_ids=ids, use_cache=False)
                 runs += 1
@@ -451,7 +491,9 @@ def packed_linear(module: nn.Linear, x: torch.Tensor, draft: bool = False) -> to
     weight = module.weight
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if (
-        not 1 <= rows <= MAX_ROWS or x.device.type != "cpu" or x.dtype != weight.dtype or weight.dtype not in _DTYPES
+        not (1 <= rows <= MAX_ROWS or (draft and rows > MAX_ROWS and weight.dtype == torch.bfloat16
+                                       and module not in _NARROW))
+        or x.device.type != "cpu" or x.dtype != weight.dtype or weight.dtype not in _DTYPES
         or (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
     ):
         return F.linear(x, weight, module.bias)
@@ -556,7 +598,7 @@ def _int8_bytes(module: nn.Linear) -> int:
 
 @contextmanager
 def fast_linears(*models: nn.Module, enabled: bool = True, draft: Iterable[nn.Module] = (),
-                 int8: bool = True, norms: bool = True) -> Iterator[FastLinears]:
+                 int8: bool = True, norms: bool = True, widen: bool = True) -> Iterator[FastLinears]:
     """Within the block, every eligible ``nn.Linear`` of ``models`` runs :func:`packed_linear`; restored on exit
     (also on errors). Yields a :class:`FastLinears` report. Nothing is swapped when disabled or when this torch has
     no oneDNN; a model whose copies not yet made would take the ones before it past ``MEMORY_SHARE`` of available
@@ -565,8 +607,10 @@ def fast_linears(*models: nn.Module, enabled: bool = True, draft: Iterable[nn.Mo
     ``draft``: the drafter's modules (also swapped, after ``models``; a layer already listed in ``models`` stays
     theirs). With ``int8`` (a drafter's ``use_int8_copies``), their forwards of up to QUANTIZED_MAX_ROWS rows also
     trial a weight-only int8 copy (``DRAFT_CANDIDATES``), which changes what the drafter proposes, never what is
-    output. With ``norms`` (a drafter's ``use_fused_norms``) the drafter's RMSNorms run ``F.rms_norm``
-    (``_NORM_STYLES``: bitwise their own result, checked per module). Never pass a target as ``draft``."""
+    output; with ``widen`` (a drafter's ``use_widened_prefill``), their bfloat16 forwards of more than MAX_ROWS rows
+    trial the weight widened to float32 (``PREFILL_CANDIDATES``). With ``norms`` (a drafter's ``use_fused_norms``)
+    the drafter's RMSNorms run ``F.rms_norm`` (``_NORM_STYLES``: bitwise their own result, checked per module). Never
+    pass a target as ``draft``."""
     swapped: list[tuple[nn.Linear, bool]] = []
     draft_norms: list[nn.Module] = []
     report = FastLinears(reason="" if enabled else "off")
@@ -612,6 +656,9 @@ def fast_linears(*models: nn.Module, enabled: bool = True, draft: Iterable[nn.Mo
         for module, is_draft in swapped:
             module.forward = (_draft_forward if is_draft else _forward).__get__(module, nn.Linear)
             stack.callback(module.__dict__.pop, "forward", None)
+            if is_draft and not widen:
+                _NARROW.add(module)
+                stack.callback(_NARROW.discard, module)
         for module in draft_norms:
             module.forward = _norm_forward.__get__(module, type(module))
             stack.callback(module.__dict__.pop, "forward", None)
@@ -657,6 +704,13 @@ def wants_fused_norms(assistant) -> bool:
     """Whether the drafter's RMSNorms run fused in the fast linears (``norms=``): unless the drafter (or SSD session)
     says ``use_fused_norms = False``."""
     return bool(getattr(assistant, "use_fused_norms", True))
+
+
+def wants_widened_prefill(assistant) -> bool:
+    """Whether the drafter's bfloat16 layers may also trial their weight widened to float32 for forwards of more
+    than MAX_ROWS rows (``widen=``): unless the drafter (or SSD session) says ``use_widened_prefill = False``; a
+    drafter's own candidates need its int8 ones on (``use_int8_copies``)."""
+    return bool(getattr(assistant, "use_widened_prefill", True))
 
 
 def wants_int8_copies(assistant) -> bool:

@@ -430,6 +430,90 @@ def test_a_law_other_than_the_int8_drawn_one_is_detected(lossless_pair, monkeypa
     assert any(name == "int8" for _, name, _ in int8)
 
 
+# --- a drafter's bf16 prefill: the weight widened to float32, one more candidate ---------------------------------
+@pytest.fixture
+def widened(monkeypatch):
+    """A drafter's prefill keys keep the widened weight (``MARGIN`` infinite: tiny layers would otherwise pick by
+    timing); every kernel call recorded as (module, name, rows)."""
+    calls = []
+    original = kernels._run
+
+    def spy(name, module, x):
+        calls.append((module, name, x.numel() // x.shape[-1]))
+        return original(name, module, x)
+
+    monkeypatch.setattr(kernels, "MARGIN", float("inf"))
+    monkeypatch.setattr(kernels, "_run", spy)
+    kernels.forget_choices()
+    yield calls
+    kernels.forget_choices()
+    kernels.release()
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_drafters_bf16_prefill_runs_float32_sums_rounded_once_and_no_one_elses(bias, widened):
+    rows = kernels.MAX_ROWS + 37
+    layer = nn.Linear(48, 40, bias=bias).to(torch.bfloat16)
+    weight = layer.weight.detach().clone()
+    x = torch.randn(1, rows, 48).to(torch.bfloat16)
+    want = F.linear(x.float(), weight.float(), None if layer.bias is None else layer.bias.float()).to(torch.bfloat16)
+    with torch.no_grad(), kernels.fast_linears(draft=(layer,)):
+        outs = [layer(x) for _ in range(2 * kernels.TRIALS + 2)]
+    assert torch.equal(outs[-1], want)  # bitwise: the same float32 product, rounded once
+    assert torch.equal(layer.weight, weight)  # the weight is left as it was
+    ran = {name for m, name, r in widened if r == rows}
+    assert ran == {"linear", "float32"}  # trialled against F.linear, then kept (MARGIN: always)
+    assert [c.key.rows for c in kernels.choices() if c.chosen == "float32"] == [kernels.rows_bucket(rows)]
+    kernels.release()  # (its buffer is made again, here in inference mode, and reused outside it)
+    with torch.inference_mode(), kernels.fast_linears(draft=(layer,)):
+        assert torch.equal(layer(x), want)
+    with torch.no_grad(), kernels.fast_linears(draft=(layer,)):
+        assert torch.equal(layer(x), want)
+    # no one else's: a target's bf16 layer, a drafter's float32 one, a drafter's bf16 one of MAX_ROWS rows or fewer
+    widened.clear()
+    other = nn.Linear(48, 40, bias=bias)
+    with torch.no_grad(), kernels.fast_linears(layer), kernels.fast_linears(draft=(other,)):
+        for _ in range(2 * kernels.TRIALS + 2):
+            layer(x), other(x.float())
+    with torch.no_grad(), kernels.fast_linears(draft=(layer,)):
+        for _ in range(2 * kernels.TRIALS + 2):
+            layer(x[:, : kernels.MAX_ROWS])
+    assert widened and all(name != "float32" for _, name, _ in widened)
+
+
+def test_a_wrong_widened_kernel_is_caught(widened, monkeypatch):
+    """Power: the comparison above fails for a widened kernel that drops the bias."""
+    layer = nn.Linear(48, 40).to(torch.bfloat16)
+    x = torch.randn(1, kernels.MAX_ROWS + 1, 48).to(torch.bfloat16)
+    monkeypatch.setattr(kernels, "widened_linear", lambda x, w, b=None: F.linear(x.float(), w.float()).to(x.dtype))
+    with torch.no_grad(), kernels.fast_linears(draft=(layer,)):
+        outs = [layer(x) for _ in range(2 * kernels.TRIALS + 2)]
+    want = F.linear(x.float(), layer.weight.float(), layer.bias.float()).to(torch.bfloat16)
+    assert not torch.equal(outs[-1], want)
+
+
+@int8_kernel
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])
+def test_greedy_identical_with_a_bf16_drafters_prefill_widened(kind, widened):
+    target, base = make_pair(kind, seed=3, head_scale=8.0)
+    drafter = hf_vocabspec.trim_drafter(base.to(torch.bfloat16), list(range(0, VOCAB, 2)) + [3, 5])
+    target_layers = {id(m) for m in target.modules()}
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(3, VOCAB, (1, kernels.MAX_ROWS + 20), generator=g)  # a prefill past MAX_ROWS
+    ref = target.generate(prompt, do_sample=False, max_new_tokens=12)
+    for _ in range(2):  # the first call trials, the second runs the kept kernel
+        widened.clear()
+        assert torch.equal(target.generate(prompt, do_sample=False, max_new_tokens=12, assistant_model=drafter), ref)
+        assert any(name == "float32" and rows > kernels.MAX_ROWS for m, name, rows in widened
+                   if id(m) not in target_layers)
+    assert not any(name == "float32" for m, name, _ in widened if id(m) in target_layers)
+    widened.clear()
+    drafter.use_widened_prefill = False  # the switch: the drafter's prefill runs F.linear, the output the same
+    assert torch.equal(target.generate(prompt, do_sample=False, max_new_tokens=12, assistant_model=drafter), ref)
+    assert widened and not any(name == "float32" for _, name, _ in widened)
+    assert not kernels._NARROW  # restored on exit
+
+
 # --- the drafter's RMSNorms through F.rms_norm ---------------------------------------------------------------------
 def _norms(model):
     return [m for m in model.modules() if type(m).__name__ in kernels._NORM_STYLES]
