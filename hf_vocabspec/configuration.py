@@ -317,7 +317,7 @@ DRAFTER_SETTINGS = {
     "use_fast_linears": "drafter.use_fast_linears",
     "use_int8_copies": "drafter.use_int8_copies",
     "use_fused_norms": "drafter.use_fused_norms",
-    "use_widened_prefill": "drafter.use_widened_prefill",
+    "use_fast_prefill": "drafter.use_fast_prefill",
     "use_lean_forward": "drafter.use_lean_forward",
     "compile_draft_step": "drafter.compile_draft_step",
     "weight_quantization": "drafter.quantize_weights",

@@ -19,14 +19,15 @@ memory as the weight itself).
 
 A drafter's layers (``fast_linears(..., draft=...)``), for forwards of up to ``QUANTIZED_MAX_ROWS`` rows, trial their
 weight-only int8 copy against ``F.linear`` instead of the packed kernel (``DRAFT_CANDIDATES``): see there why, and
-why only a drafter's. Its bfloat16 layers, for forwards of more than ``MAX_ROWS`` rows (its prompt's prefill), trial
-the weight widened to float32 against ``F.linear`` (``PREFILL_CANDIDATES``).
+why only a drafter's. For forwards of more than ``MAX_ROWS`` rows (its prompt's prefill) they trial the int8 copy
+with per-token int8 activations (``w8a8_linear``) and, bfloat16 ones, the weight widened to float32 against
+``F.linear`` (``PREFILL_CANDIDATES``): the fast prefill.
 
 Exactness: the packed kernel sums in another order than ``F.linear`` (~1e-6 relative in float32; bf16 measured
 identical), the same order of difference as between transformers' own verify and decode forwards, which already
 use different kernels. Skipped (the original ``F.linear`` runs): other devices than CPU, dtypes other than
 float32/bfloat16, autograd, more than ``MAX_ROWS`` rows (prefill: GEMM kernels are efficient there; but for a
-drafter's bfloat16 layers, above), subclasses of
+drafter's layers, above), subclasses of
 ``nn.Linear`` (quantised layers) and modules whose ``forward`` someone already replaced (accelerate hooks).
 
 Two timed-kernel paths, one choice. The verify head (:mod:`hf_vocabspec.verify_head`) also times kernels against
@@ -66,7 +67,7 @@ __all__ = ["DRAFT_CANDIDATES", "EXACT_ROWS", "MARGIN", "MAX_ROWS", "MEMORY_SHARE
            "FastLinears", "KernelChoice", "KernelKey", "available", "choices", "compiled_int8_copies", "decided_int8",
            "fast_linears", "fused_norm", "fused_norm_scale", "fused_norms", "int8_linear", "packed_linear", "release",
            "rows_bucket", "settle_choices", "stacked_int8", "trials_run", "wants_fast_linears", "wants_fused_norms",
-           "wants_int8_copies", "wants_widened_prefill", "widened_linear"]
+           "w8a8_linear", "wants_fast_prefill", "wants_int8_copies", "widened_linear"]
 
 MAX_ROWS = 64
 # Timed calls per candidate (after one untimed call each) before choosing by median, and the speed-up the packed
@@ -92,17 +93,19 @@ CANDIDATES = ("linear", "packed")
 # more) and 96 with every layer packed; 70 / 87 at 2 rows, 76 / 80 at 4 rows. Pair G's drafter: the trials kept
 # int8 everywhere (33 ms, 44 packed).
 DRAFT_CANDIDATES = ("linear", "int8")
-# A drafter's bfloat16 layers, for forwards of more than MAX_ROWS rows (its prompt's prefill), also trial the same
-# weights widened to float32 (:func:`widened_linear`: copied into a buffer reused by every layer of the shape, the
-# product in float32, its result rounded to bfloat16, as a bf16 GEMM rounds its float32 sums). Why: on a CPU
-# without AMX, torch's bf16 GEMM runs well below its float32 one. Measured on machine E (Intel Xeon model 207,
-# AVX-512 BF16, no AMX, 2026-12-07, torch 2.13; /tmp-free script in docs/results/drafter-prefill-float32-machine-e-2026-12-07.md):
-# a 4864x896 weight at 512 rows ran 150 GFLOP/s in bf16 against 260 in float32, and Qwen2.5-0.5B's 168 body
-# layers took 1.89 s in bf16 against 1.35 s widened for 400 rows (532 against 458 ms for 100 rows; at 32 rows
-# bf16 won, 225 against 272 ms). Pair Q's default drafter spent 3.3 s of a 24 s HumanEval run in its prefills.
-# Only a drafter's (what it computes changes by summation order only, and it changes drafts, never the output);
-# where bf16 is faster (AMX) the trials keep F.linear.
-PREFILL_CANDIDATES = ("linear", "float32")
+# The fast prefill: a drafter's layers, for forwards of more than MAX_ROWS rows (its prompt's prefill), also trial
+# - "w8a8" (:func:`w8a8_linear`): the layer's int8 copy (the one its draft steps run) times the input quantized to
+#   int8 per row (token), summed in int32 by torch's int8 GEMM (``torch._int_mm``), scaled back;
+# - "float32" (bfloat16 layers; :func:`widened_linear`): the same weights widened to float32 (copied into a buffer
+#   shared by every layer of the shape), their product rounded once to bfloat16.
+# Why: a prefill is compute-bound, and on a CPU without AMX torch's bf16 GEMM runs below its float32 one, which
+# runs below its int8 one. Measured on machine E (Intel Xeon model 207, AVX-512 BF16 + VNNI, no AMX, 2026-12-07,
+# torch 2.13, Qwen2.5-0.5B's 168 body layers at 256 rows): bf16 1216 ms, int8 GEMM 198 ms (387 with the per-token
+# quantization), float32 ~900 ms; Gemma-3-270M's whole prefill (scripts/bench_fast_prefill.py) below. What it
+# costs: the drafter's prompt is computed with int8 activations, so its cache (and the drafts) may differ a little
+# (a whole Qwen2.5-0.5B forward in W8A8 chose the bf16 forward's argmax at 96.7% of 300 code positions, the int8
+# copies alone at 99.7%); never the output. Only a drafter's, and only where the trials time it faster.
+PREFILL_CANDIDATES = ("linear", "float32", "w8a8")
 
 
 def available() -> bool:
@@ -122,7 +125,7 @@ class KernelKey:
     rows: int  # the fast linears key by :func:`rows_bucket`; the verify head by the exact count
     threads: int
     draft: bool = False  # a drafter's layer with candidates of its own: the int8 copy (up to QUANTIZED_MAX_ROWS rows)
-    # or, bfloat16 past MAX_ROWS rows, the float32-widened weight (``_candidates``)
+    # or the fast prefill's (past MAX_ROWS rows; ``_candidates``)
 
 
 @dataclass
@@ -137,7 +140,7 @@ class KernelChoice:
 
     def __post_init__(self) -> None:
         if not self.timings_ms:
-            self.timings_ms = {name: [] for name in _candidates(self.key.draft, self.key.rows)}
+            self.timings_ms = {name: [] for name in _candidates(self.key.draft, self.key.rows, self.key.dtype)}
 
     def median_ms(self, name: str) -> float:
         return statistics.median(self.timings_ms[name])
@@ -332,11 +335,37 @@ def _run(name: str, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         return int8_linear(x, q.weight, q.scales, module.bias)
     elif name == "float32":
         return widened_linear(x, module.weight, module.bias)
+    elif name == "w8a8":
+        q = _int8(module)
+        return w8a8_linear(x, q.weight, q.scales, module.bias)
     return F.linear(x, module.weight, module.bias)
 
 
-# a drafter's layers whose fast_linears block said ``widen=False`` (``use_widened_prefill`` off): no float32 trial
-_NARROW: weakref.WeakSet[nn.Linear] = weakref.WeakSet()
+# a drafter's layers whose fast_linears block said ``prefill=False`` (``use_fast_prefill`` off): F.linear past MAX_ROWS
+_NO_PREFILL: weakref.WeakSet[nn.Linear] = weakref.WeakSet()
+
+
+def _prefill_candidates(dtype: torch.dtype | str) -> tuple[str, ...]:
+    """The fast prefill's candidates for a drafter's layer of ``dtype``: float32 widening only for bfloat16, w8a8
+    where this torch has the int8 GEMM (``torch._int_mm``)."""
+    dtype = str(dtype).removeprefix("torch.")
+    return tuple(n for n in PREFILL_CANDIDATES
+                 if n == "linear" or (n == "float32" and dtype == "bfloat16")
+                 or (n == "w8a8" and hasattr(torch, "_int_mm")))
+
+
+def w8a8_linear(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ (weight * scales).T (+ bias)`` with ``x`` quantized to int8 per row (symmetric, its largest magnitude
+    to 127), summed in int32 by torch's int8 GEMM and scaled back in float32, then ``x``'s dtype: a drafter's
+    prefill (``PREFILL_CANDIDATES``). ``weight``: int8 (out, in), ``scales``: (out,) (an int8 copy)."""
+    flat = x.reshape(-1, x.shape[-1]).float()
+    step = flat.abs().amax(dim=1, keepdim=True).clamp_min_(torch.finfo(torch.float32).tiny).div_(127.0)
+    sums = torch._int_mm(torch.round(flat / step).to(torch.int8), weight.t())
+    y = sums.float().mul_(step).mul_(scales.float())
+    if bias is not None:
+        y = y.add_(bias.float())
+    return y.to(x.dtype).reshape(*x.shape[:-1], y.shape[-1])
 # (thread, weight shape) -> the float32 buffer widened_linear copies a weight into: one per shape, shared by every
 # layer of it, reused from call to call (a new tensor per call would page in fresh memory every time)
 _WIDE: dict[tuple[int, torch.Size], torch.Tensor] = {}
@@ -421,18 +450,17 @@ def rows_bucket(rows: int) -> int:
 def _fast_key(module: nn.Linear, rows: int, draft: bool = False) -> tuple:
     """The per-call key of ``_DECIDED``: (dtype, out, in, bias, rows_bucket(rows), threads, draft) where ``draft``
     says a drafter's own candidates apply (a drafter's layer: the int8 copy for a forward of at most
-    QUANTIZED_MAX_ROWS rows, the float32-widened weight for a bfloat16 one of more than MAX_ROWS)."""
+    QUANTIZED_MAX_ROWS rows, the fast prefill's for one of more than MAX_ROWS)."""
     weight = module.weight
     return (weight.dtype, weight.shape[0], weight.shape[1], module.bias is not None, rows_bucket(rows),
-            torch.get_num_threads(),
-            draft and (rows <= QUANTIZED_MAX_ROWS or (rows > MAX_ROWS and weight.dtype == torch.bfloat16)))
+            torch.get_num_threads(), draft and (rows <= QUANTIZED_MAX_ROWS or rows > MAX_ROWS))
 
 
-def _candidates(draft: bool, rows: int) -> tuple[str, ...]:
-    """The kernels a key trials, from its ``draft`` field and rows (``_fast_key``'s rule, ``KernelKey``)."""
+def _candidates(draft: bool, rows: int, dtype: torch.dtype | str) -> tuple[str, ...]:
+    """The kernels a key trials, from its ``draft`` field, rows and dtype (``_fast_key``'s rule, ``KernelKey``)."""
     if not draft:
         return CANDIDATES
-    return PREFILL_CANDIDATES if rows > MAX_ROWS else DRAFT_CANDIDATES
+    return _prefill_candidates(dtype) if rows > MAX_ROWS else DRAFT_CANDIDATES
 
 
 def _kernel_key(fast: tuple) -> KernelKey:
@@ -474,7 +502,8 @@ def settle_choices(model: nn.Module, rows: Iterable[int], *, max_forwards: int |
                 # (8960x1536: 3.3 against 2.1 ms) and kept the packed kernel for decode, 7% slower there.
                 model(input_ids=torch.arange(MAX_ROWS + 1, device=model.device)[None] % vocab, use_cache=False)
                 runs, touched = runs + 1, True
-            most = max((len(_candidates(_fast_key(m, count, _is_draft(m))[-1], count)) for m in left), default=0)
+            most = max((len(_candidates(_fast_key(m, count, _is_draft(m))[-1], count, m.weight.dtype)) for m in left),
+                       default=0)
             for _ in range((max_forwards or most * (TRIALS + 1)) if left else 0):
                 model(input_ids=ids, use_cache=False)
                 runs += 1
@@ -491,8 +520,8 @@ def packed_linear(module: nn.Linear, x: torch.Tensor, draft: bool = False) -> to
     weight = module.weight
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if (
-        not (1 <= rows <= MAX_ROWS or (draft and rows > MAX_ROWS and weight.dtype == torch.bfloat16
-                                       and module not in _NARROW))
+        not (1 <= rows <= MAX_ROWS or (draft and rows > MAX_ROWS and module not in _NO_PREFILL
+                                       and len(_prefill_candidates(weight.dtype)) > 1))
         or x.device.type != "cpu" or x.dtype != weight.dtype or weight.dtype not in _DTYPES
         or (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
     ):
@@ -513,7 +542,7 @@ def packed_linear(module: nn.Linear, x: torch.Tensor, draft: bool = False) -> to
         choice.warmed.add(name)
         if name == "packed":
             _packed(module)  # packing is a one-off per module: not part of the kernel's time
-        elif name == "int8":
+        elif name in ("int8", "w8a8"):
             _int8(module)
     start = time.perf_counter()
     out = _run(name, module, x)
@@ -571,12 +600,14 @@ class FastLinears:
     compiled_int8_layers: int = 0  # the drafter body's layers its compiled steps run on int8 copies (compiled_int8_copies)
     draft_norms: int = 0  # the drafter's RMSNorms run through F.rms_norm (_norm_forward)
     lean_forward: bool = False  # the drafter's body runs hf_vocabspec.lean_forward (where checked equal)
+    fast_prefill: bool = False  # the drafter's layers trial PREFILL_CANDIDATES past MAX_ROWS rows
 
     def __str__(self) -> str:
         lean = "; the drafter's body through the lean forward" if self.lean_forward else ""
         if not self.layers:
             return f"F.linear ({self.reason})" + lean
-        draft = f", the drafter's {self.draft_layers} with int8 copies as candidates" if self.draft_layers else ""
+        draft = (f", the drafter's {self.draft_layers} with int8 copies as candidates"
+                 + (" (w8a8 / float32 for prefills)" if self.fast_prefill else "") if self.draft_layers else "")
         traced = (f"; the drafter's compiled steps on int8 copies of {self.compiled_int8_layers} layers"
                   if self.compiled_int8_layers else "")
         norms = f"; the drafter's {self.draft_norms} RMSNorms fused where bitwise equal" if self.draft_norms else ""
@@ -598,7 +629,7 @@ def _int8_bytes(module: nn.Linear) -> int:
 
 @contextmanager
 def fast_linears(*models: nn.Module, enabled: bool = True, draft: Iterable[nn.Module] = (),
-                 int8: bool = True, norms: bool = True, widen: bool = True) -> Iterator[FastLinears]:
+                 int8: bool = True, norms: bool = True, prefill: bool = True) -> Iterator[FastLinears]:
     """Within the block, every eligible ``nn.Linear`` of ``models`` runs :func:`packed_linear`; restored on exit
     (also on errors). Yields a :class:`FastLinears` report. Nothing is swapped when disabled or when this torch has
     no oneDNN; a model whose copies not yet made would take the ones before it past ``MEMORY_SHARE`` of available
@@ -607,8 +638,8 @@ def fast_linears(*models: nn.Module, enabled: bool = True, draft: Iterable[nn.Mo
     ``draft``: the drafter's modules (also swapped, after ``models``; a layer already listed in ``models`` stays
     theirs). With ``int8`` (a drafter's ``use_int8_copies``), their forwards of up to QUANTIZED_MAX_ROWS rows also
     trial a weight-only int8 copy (``DRAFT_CANDIDATES``), which changes what the drafter proposes, never what is
-    output; with ``widen`` (a drafter's ``use_widened_prefill``), their bfloat16 forwards of more than MAX_ROWS rows
-    trial the weight widened to float32 (``PREFILL_CANDIDATES``). With ``norms`` (a drafter's ``use_fused_norms``)
+    output; with ``prefill`` too (a drafter's ``use_fast_prefill``), their forwards of more than MAX_ROWS rows trial
+    the fast prefill's kernels (``PREFILL_CANDIDATES``), which change what the drafter proposes, never the output. With ``norms`` (a drafter's ``use_fused_norms``)
     the drafter's RMSNorms run ``F.rms_norm`` (``_NORM_STYLES``: bitwise their own result, checked per module). Never
     pass a target as ``draft``."""
     swapped: list[tuple[nn.Linear, bool]] = []
@@ -650,15 +681,16 @@ def fast_linears(*models: nn.Module, enabled: bool = True, draft: Iterable[nn.Mo
             report.reason = "no float32/bfloat16 nn.Linear on CPU"
     report.layers = len(swapped)
     report.draft_layers = sum(d for _, d in swapped)
+    report.fast_prefill = prefill and report.draft_layers > 0
     draft_norms = draft_norms if swapped else []  # the drafter's RMSNorms run fused wherever linears are swapped
     report.draft_norms = len(draft_norms)
     with ExitStack() as stack:
         for module, is_draft in swapped:
             module.forward = (_draft_forward if is_draft else _forward).__get__(module, nn.Linear)
             stack.callback(module.__dict__.pop, "forward", None)
-            if is_draft and not widen:
-                _NARROW.add(module)
-                stack.callback(_NARROW.discard, module)
+            if is_draft and not prefill:
+                _NO_PREFILL.add(module)
+                stack.callback(_NO_PREFILL.discard, module)
         for module in draft_norms:
             module.forward = _norm_forward.__get__(module, type(module))
             stack.callback(module.__dict__.pop, "forward", None)
@@ -706,11 +738,11 @@ def wants_fused_norms(assistant) -> bool:
     return bool(getattr(assistant, "use_fused_norms", True))
 
 
-def wants_widened_prefill(assistant) -> bool:
-    """Whether the drafter's bfloat16 layers may also trial their weight widened to float32 for forwards of more
-    than MAX_ROWS rows (``widen=``): unless the drafter (or SSD session) says ``use_widened_prefill = False``; a
-    drafter's own candidates need its int8 ones on (``use_int8_copies``)."""
-    return bool(getattr(assistant, "use_widened_prefill", True))
+def wants_fast_prefill(assistant) -> bool:
+    """Whether the drafter's layers may also trial the fast prefill's kernels for forwards of more than MAX_ROWS
+    rows (``prefill=``, ``PREFILL_CANDIDATES``): unless the drafter (or SSD session) says ``use_fast_prefill =
+    False``; a drafter's own candidates need its int8 copies on (``use_int8_copies``)."""
+    return bool(getattr(assistant, "use_fast_prefill", True))
 
 
 def wants_int8_copies(assistant) -> bool:

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .kernels import (FastLinears, KernelChoice, KernelKey, compiled_int8_copies, fast_linears, wants_fast_linears,
-                      wants_fused_norms, wants_int8_copies, wants_widened_prefill)
+                      wants_fused_norms, wants_int8_copies, wants_fast_prefill)
 from .lean_forward import lean_forwards, wants_lean_forward
 from .modeling import TrimmedDrafter, cache_kwarg, model_body
 
@@ -181,7 +181,7 @@ def generate_kernels(target: nn.Module, assistant, compiled: bool = False,
     """The one kernel choice of a generate call with one of our assistants (``generation.hooks`` enters only this):
     the fast linears (:func:`hf_vocabspec.kernels.fast_linears`) on the target's and drafter's linear layers unless
     ``use_fast_linears`` is off (the drafter's with their int8 copies among the candidates unless ``use_int8_copies``
-    is off, its bfloat16 prefill trialling float32 unless ``use_widened_prefill`` is off, its RMSNorms fused unless
+    is off, its bfloat16 prefill trialling float32 unless ``use_fast_prefill`` is off, its RMSNorms fused unless
     ``use_fused_norms`` is off), then the verify head on the target's LM head
     unless ``use_verify_head`` is off, and a trimmed drafter's body through the lean forward
     (:mod:`hf_vocabspec.lean_forward`) unless ``use_lean_forward`` is off or its steps run compiled. The fast linears are entered first: a head they wrap is left alone by the verify head (it sees a replaced forward), so
@@ -197,7 +197,7 @@ def generate_kernels(target: nn.Module, assistant, compiled: bool = False,
     draft = assistant.lm_head if compiled_draft else assistant
     fast_on = not compiled and wants_fast_linears(assistant)
     with fast_linears(target, enabled=fast_on, draft=(draft,), int8=wants_int8_copies(assistant),
-                      norms=wants_fused_norms(assistant), widen=wants_widened_prefill(assistant)) as fast, \
+                      norms=wants_fused_norms(assistant), prefill=wants_fast_prefill(assistant)) as fast, \
             compiled_int8_copies(model_body(assistant) if compiled_draft else None,
                                  enabled=compiled_draft and fast_on and wants_int8_copies(assistant)) as traced, \
             verify_head(target, enabled=head and not compiled and wants_verify_head(assistant)), \

@@ -229,7 +229,7 @@ def test_confidence_threshold_range_is_zero_up_to_one_excluded():
     ("use_fast_linears", False, "set drafter.use_fast_linears = False"),
     ("use_int8_copies", False, "set drafter.use_int8_copies = False"),
     ("use_fused_norms", False, "set drafter.use_fused_norms = False"),
-    ("use_widened_prefill", False, "set drafter.use_widened_prefill = False"),
+    ("use_fast_prefill", False, "set drafter.use_fast_prefill = False"),
     ("use_lean_forward", False, "set drafter.use_lean_forward = False"),
     ("weight_quantization", "int4", "call drafter.quantize_weights('int4')"),
 ])

@@ -430,11 +430,12 @@ def test_a_law_other_than_the_int8_drawn_one_is_detected(lossless_pair, monkeypa
     assert any(name == "int8" for _, name, _ in int8)
 
 
-# --- a drafter's bf16 prefill: the weight widened to float32, one more candidate ---------------------------------
+# --- the fast prefill: a drafter's forwards past MAX_ROWS rows trial w8a8 and (bf16) float32 kernels --------------
 @pytest.fixture
-def widened(monkeypatch):
-    """A drafter's prefill keys keep the widened weight (``MARGIN`` infinite: tiny layers would otherwise pick by
-    timing); every kernel call recorded as (module, name, rows)."""
+def prefill(monkeypatch):
+    """A drafter's prefill keys keep the one candidate a test names (``MARGIN`` infinite: tiny layers would otherwise
+    pick by timing; set ``kernels.PREFILL_CANDIDATES`` to ("linear", name)); every kernel call recorded as (module,
+    name, rows)."""
     calls = []
     original = kernels._run
 
@@ -450,8 +451,78 @@ def widened(monkeypatch):
     kernels.release()
 
 
+def _w8a8_reference(x, layer):
+    """What w8a8_linear must compute: the int8 copy's values times x quantized per row (its largest magnitude to
+    127, in float32), the integer sums exact (float64), scaled back in float32, then x's dtype."""
+    from hf_vocabspec.modeling import quantize_weight
+
+    q = quantize_weight(layer.weight, "int8")[0]
+    flat = x.reshape(-1, x.shape[-1]).float()
+    step = flat.abs().amax(dim=1, keepdim=True) / 127
+    sums = (torch.round(flat / step).double() @ q.weight.double().T).float()  # (exact: small integers)
+    y = sums * step * q.scales.float()
+    if layer.bias is not None:
+        y = y + layer.bias.float()
+    return y.to(x.dtype).reshape(*x.shape[:-1], -1)
+
+
+def _rows_of_every_size(rows, width, dtype):
+    """Inputs whose rows differ in magnitude by up to 1e4 (a per-tensor scale would lose the small ones)."""
+    x = torch.randn(1, rows, width) * torch.logspace(-2, 2, rows)[None, :, None]
+    return x.to(dtype)
+
+
+@int8_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [False, True])
-def test_a_drafters_bf16_prefill_runs_float32_sums_rounded_once_and_no_one_elses(bias, widened):
+def test_a_drafters_prefill_in_w8a8_quantizes_each_row_and_no_one_elses(dtype, bias, prefill, monkeypatch):
+    monkeypatch.setattr(kernels, "PREFILL_CANDIDATES", ("linear", "w8a8"))
+    rows = kernels.MAX_ROWS + 37
+    layer = nn.Linear(48, 40, bias=bias).to(dtype)
+    weight = layer.weight.detach().clone()
+    x = _rows_of_every_size(rows, 48, dtype)
+    with torch.no_grad(), kernels.fast_linears(draft=(layer,)):
+        outs = [layer(x) for _ in range(2 * kernels.TRIALS + 2)]
+    assert torch.equal(outs[-1], _w8a8_reference(x, layer))
+    assert not torch.equal(outs[-1], F.linear(x, layer.weight, layer.bias))  # not the weights' own product
+    assert torch.equal(layer.weight, weight)  # the int8 copy is a copy
+    assert {name for _, name, r in prefill if r == rows} == {"linear", "w8a8"}  # trialled, then kept
+    # no one else's: a target's layer of the same rows, a drafter's of MAX_ROWS rows or fewer, the switch off
+    prefill.clear()
+    with torch.no_grad(), kernels.fast_linears(layer):
+        for _ in range(2 * kernels.TRIALS + 2):
+            layer(x)
+    with torch.no_grad(), kernels.fast_linears(draft=(layer,)):
+        for _ in range(2 * kernels.TRIALS + 2):
+            layer(x[:, : kernels.MAX_ROWS])
+    with torch.no_grad(), kernels.fast_linears(draft=(layer,), prefill=False):
+        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+    assert prefill and all(name not in ("w8a8", "float32") for _, name, _ in prefill)
+    assert not kernels._NO_PREFILL  # restored on exit
+
+
+@int8_kernel
+def test_a_w8a8_kernel_with_one_scale_for_all_rows_is_caught(prefill, monkeypatch):
+    """Power: the comparison above fails for a kernel that quantizes the whole input with one scale."""
+    monkeypatch.setattr(kernels, "PREFILL_CANDIDATES", ("linear", "w8a8"))
+
+    def one_scale(x, weight, scales, bias=None):
+        flat = x.reshape(-1, x.shape[-1]).float()
+        step = flat.abs().amax() / 127
+        y = torch._int_mm(torch.round(flat / step).to(torch.int8), weight.t()).float() * step * scales.float()
+        return (y if bias is None else y + bias.float()).to(x.dtype).reshape(*x.shape[:-1], -1)
+
+    monkeypatch.setattr(kernels, "w8a8_linear", one_scale)
+    layer = nn.Linear(48, 40)
+    x = _rows_of_every_size(kernels.MAX_ROWS + 1, 48, torch.float32)
+    with torch.no_grad(), kernels.fast_linears(draft=(layer,)):
+        outs = [layer(x) for _ in range(2 * kernels.TRIALS + 2)]
+    assert not torch.equal(outs[-1], _w8a8_reference(x, layer))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_drafters_bf16_prefill_widened_runs_float32_sums_rounded_once(bias, prefill, monkeypatch):
+    monkeypatch.setattr(kernels, "PREFILL_CANDIDATES", ("linear", "float32"))
     rows = kernels.MAX_ROWS + 37
     layer = nn.Linear(48, 40, bias=bias).to(torch.bfloat16)
     weight = layer.weight.detach().clone()
@@ -460,29 +531,26 @@ def test_a_drafters_bf16_prefill_runs_float32_sums_rounded_once_and_no_one_elses
     with torch.no_grad(), kernels.fast_linears(draft=(layer,)):
         outs = [layer(x) for _ in range(2 * kernels.TRIALS + 2)]
     assert torch.equal(outs[-1], want)  # bitwise: the same float32 product, rounded once
-    assert torch.equal(layer.weight, weight)  # the weight is left as it was
-    ran = {name for m, name, r in widened if r == rows}
-    assert ran == {"linear", "float32"}  # trialled against F.linear, then kept (MARGIN: always)
+    assert torch.equal(layer.weight, weight)
+    assert {name for _, name, r in prefill if r == rows} == {"linear", "float32"}
     assert [c.key.rows for c in kernels.choices() if c.chosen == "float32"] == [kernels.rows_bucket(rows)]
     kernels.release()  # (its buffer is made again, here in inference mode, and reused outside it)
     with torch.inference_mode(), kernels.fast_linears(draft=(layer,)):
         assert torch.equal(layer(x), want)
     with torch.no_grad(), kernels.fast_linears(draft=(layer,)):
         assert torch.equal(layer(x), want)
-    # no one else's: a target's bf16 layer, a drafter's float32 one, a drafter's bf16 one of MAX_ROWS rows or fewer
-    widened.clear()
+    # a float32 drafter layer has nothing to widen (and here no other candidate): F.linear, untouched
+    prefill.clear()
     other = nn.Linear(48, 40, bias=bias)
-    with torch.no_grad(), kernels.fast_linears(layer), kernels.fast_linears(draft=(other,)):
+    with torch.no_grad(), kernels.fast_linears(draft=(other,)):
         for _ in range(2 * kernels.TRIALS + 2):
-            layer(x), other(x.float())
-    with torch.no_grad(), kernels.fast_linears(draft=(layer,)):
-        for _ in range(2 * kernels.TRIALS + 2):
-            layer(x[:, : kernels.MAX_ROWS])
-    assert widened and all(name != "float32" for _, name, _ in widened)
+            assert torch.equal(other(x.float()), F.linear(x.float(), other.weight, other.bias))
+    assert not prefill and not any(c.key.dtype == "float32" for c in kernels.choices())
 
 
-def test_a_wrong_widened_kernel_is_caught(widened, monkeypatch):
+def test_a_wrong_widened_kernel_is_caught(prefill, monkeypatch):
     """Power: the comparison above fails for a widened kernel that drops the bias."""
+    monkeypatch.setattr(kernels, "PREFILL_CANDIDATES", ("linear", "float32"))
     layer = nn.Linear(48, 40).to(torch.bfloat16)
     x = torch.randn(1, kernels.MAX_ROWS + 1, 48).to(torch.bfloat16)
     monkeypatch.setattr(kernels, "widened_linear", lambda x, w, b=None: F.linear(x.float(), w.float()).to(x.dtype))
@@ -494,24 +562,30 @@ def test_a_wrong_widened_kernel_is_caught(widened, monkeypatch):
 
 @int8_kernel
 @pytest.mark.parametrize("kind", ["llama", "gemma3"])
-def test_greedy_identical_with_a_bf16_drafters_prefill_widened(kind, widened):
+@pytest.mark.parametrize("kernel", ["w8a8", "float32"])
+def test_greedy_identical_with_a_drafters_fast_prefill(kind, kernel, prefill, monkeypatch):
+    monkeypatch.setattr(kernels, "PREFILL_CANDIDATES", ("linear", kernel))
     target, base = make_pair(kind, seed=3, head_scale=8.0)
     drafter = hf_vocabspec.trim_drafter(base.to(torch.bfloat16), list(range(0, VOCAB, 2)) + [3, 5])
     target_layers = {id(m) for m in target.modules()}
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(3, VOCAB, (1, kernels.MAX_ROWS + 20), generator=g)  # a prefill past MAX_ROWS
     ref = target.generate(prompt, do_sample=False, max_new_tokens=12)
-    for _ in range(2):  # the first call trials, the second runs the kept kernel
-        widened.clear()
+    for _ in range(2):  # the first call trials; the second runs the kept kernel (on the lean forward's stacked copies)
+        prefill.clear()
         assert torch.equal(target.generate(prompt, do_sample=False, max_new_tokens=12, assistant_model=drafter), ref)
-        assert any(name == "float32" and rows > kernels.MAX_ROWS for m, name, rows in widened
+        assert any(name == kernel and rows > kernels.MAX_ROWS for m, name, rows in prefill
                    if id(m) not in target_layers)
-    assert not any(name == "float32" for m, name, _ in widened if id(m) in target_layers)
-    widened.clear()
-    drafter.use_widened_prefill = False  # the switch: the drafter's prefill runs F.linear, the output the same
+    assert not any(name == kernel for m, name, _ in prefill if id(m) in target_layers)
+    prefill.clear()
+    drafter.use_fast_prefill = False  # the switch: the drafter's prefill runs F.linear, the output the same
     assert torch.equal(target.generate(prompt, do_sample=False, max_new_tokens=12, assistant_model=drafter), ref)
-    assert widened and not any(name == "float32" for _, name, _ in widened)
-    assert not kernels._NARROW  # restored on exit
+    assert prefill and not any(name == kernel for _, name, _ in prefill)
+    assert not kernels._NO_PREFILL  # restored on exit
+    assert "for prefills" not in drafter.last_speculation_stats.kernels
+    del drafter.use_fast_prefill
+    target.generate(prompt, do_sample=False, max_new_tokens=2, assistant_model=drafter)
+    assert "with int8 copies as candidates (w8a8 / float32 for prefills)" in drafter.last_speculation_stats.kernels
 
 
 # --- the drafter's RMSNorms through F.rms_norm ---------------------------------------------------------------------

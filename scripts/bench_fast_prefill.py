@@ -1,0 +1,104 @@
+"""The drafter's fast prefill (kernels.PREFILL_CANDIDATES: w8a8, float32-widened) on and off, over a job of N prompts.
+
+Two parts, one process, nothing else running:
+
+1. The drafter's prefill alone: the default drafter's body (``trim_drafter`` at --coverage, no tune) runs forwards of
+   each of --lengths positions inside the fast linears, as generate enters them, with each prefill kernel forced in
+   turn (``F.linear`` in the drafter's dtype: ``prefill=False``; "float32"; "w8a8"), alternating, --repeats times
+   after one untimed forward each (which makes the kernel choices); median and range.
+2. The job (``benchmark.drafter_switch_job``'s table, methods interleaved prompt by prompt): target-only with the
+   same fast linears, the default drafter as generate runs it (the trials choose its prefill kernels), and the same
+   drafter with ``use_fast_prefill = False``.
+
+Prints markdown tables naming the machine and writes results.json / results.md (the job) and prefill.json under
+--output. Smallest check: python scripts/bench_fast_prefill.py --prompts 1 --max-new-tokens 4 \
+    --count-examples 200 --lengths 80 --repeats 1 --output /tmp/bench-fast-prefill
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from hf_vocabspec import kernels
+from hf_vocabspec.evaluation.benchmark import (default_drafter_job, default_drafter_job_args, drafter_switch_job,
+                                               machine_info)
+from hf_vocabspec.modeling import model_body
+
+OUTPUT = "results/bench-fast-prefill"
+
+
+def forward_seconds(body, ids, kernel: str | None) -> float:
+    """Seconds of a forward of ``ids`` through ``body`` in the fast linears with the prefill kernel ``kernel`` forced
+    (None: ``prefill=False``), after one untimed forward (its trials); the choices are forgotten after."""
+    saved = kernels.PREFILL_CANDIDATES, kernels.MARGIN
+    try:
+        if kernel is not None:
+            kernels.PREFILL_CANDIDATES, kernels.MARGIN = ("linear", kernel), float("inf")
+        with kernels.fast_linears(draft=(body,), prefill=kernel is not None):
+            body(input_ids=ids, use_cache=False)
+            t0 = time.perf_counter()
+            body(input_ids=ids, use_cache=False)
+            return time.perf_counter() - t0
+    finally:
+        kernels.PREFILL_CANDIDATES, kernels.MARGIN = saved
+        kernels.forget_choices()
+
+
+def prefill_table(argv: list[str]) -> list[str]:
+    """Part 1 (its own options: --lengths, --repeats); returns the job's options."""
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--lengths", type=int, nargs="+", default=[100, 250, 500], help="prefill positions timed")
+    ap.add_argument("--repeats", type=int, default=5, help="alternating timed forwards per length and kernel")
+    mine, rest = ap.parse_known_args(argv)
+    sys.argv[1:] = rest
+    args = default_drafter_job_args("prefill", prompts=16, output=OUTPUT)
+    job = default_drafter_job(args)
+    body = model_body(job.drafter)
+    vocab = body.get_input_embeddings().weight.shape[0]
+    names = {None: f"F.linear ({str(job.dtype).removeprefix('torch.')})", "float32": "float32", "w8a8": "w8a8"}
+    kinds = [k for k in names if k is None or k in kernels._prefill_candidates(job.dtype)]
+    rows, info = [], machine_info()
+    with torch.no_grad():
+        for n in mine.lengths:
+            ids = (torch.arange(n)[None] * 7919 + 13) % vocab
+            times = {names[k]: [] for k in kinds}
+            for r in range(mine.repeats + 1):
+                for k in kinds:
+                    seconds = forward_seconds(body, ids, k)
+                    if r:
+                        times[names[k]].append(seconds)
+            rows.append({"positions": n, "seconds": times})
+    Path(args.output).mkdir(parents=True, exist_ok=True)
+    (Path(args.output) / "prefill.json").write_text(json.dumps({"machine": info, "drafter": args.drafter,
+                                                                "dtype": str(job.dtype), "rows": rows}, indent=2))
+    base = names[None]
+    head = " | ".join(f"{names[k]} s (median, range)" for k in kinds)
+    lines = [f"# The default drafter's prefill ({args.drafter}, k = {job.kept_vocab}, {job.dtype}), each prefill kernel "
+             f"forced, {mine.repeats} alternating repeats", "", f"machine: {info}", "",
+             f"| positions | {head} | " + " | ".join(f"{base} / {names[k]}" for k in kinds if k) + " |",
+             "|---|" + "---|" * (2 * len(kinds) - 1)]
+    for r in rows:
+        t = r["seconds"]
+        cells = [f"{statistics.median(t[names[k]]):.3f} ({min(t[names[k]]):.3f}-{max(t[names[k]]):.3f})" for k in kinds]
+        ratios = [f"{statistics.median(t[base]) / statistics.median(t[names[k]]):.2f}x" for k in kinds if k]
+        lines.append(f"| {r['positions']} | " + " | ".join(cells + ratios) + " |")
+    print("\n".join(lines))
+    return rest
+
+
+def main() -> None:
+    rest = prefill_table(sys.argv[1:])
+    sys.argv[1:] = rest
+    drafter_switch_job(__doc__.splitlines()[0].rstrip("."), switch="use_fast_prefill", on="fast prefill",
+                       off="prefill in F.linear", prompts=16, output=OUTPUT)
+
+
+if __name__ == "__main__":
+    main()
