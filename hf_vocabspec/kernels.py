@@ -27,8 +27,8 @@ Exactness: the packed kernel sums in another order than ``F.linear`` (~1e-6 rela
 identical), the same order of difference as between transformers' own verify and decode forwards, which already
 use different kernels. Skipped (the original ``F.linear`` runs): other devices than CPU, dtypes other than
 float32/bfloat16, autograd, more than ``MAX_ROWS`` rows (prefill: GEMM kernels are efficient there; but for a
-drafter's layers, above), subclasses of
-``nn.Linear`` (quantised layers) and modules whose ``forward`` someone already replaced (accelerate hooks).
+drafter's layers, above), subclasses of ``nn.Linear`` (quantised layers) and modules whose ``forward`` someone
+already replaced (accelerate hooks).
 
 Two timed-kernel paths, one choice. The verify head (:mod:`hf_vocabspec.verify_head`) also times kernels against
 ``F.linear``, for the target's LM head only. Both exist because each covers what the other cannot, and never both on
@@ -100,11 +100,14 @@ DRAFT_CANDIDATES = ("linear", "int8")
 #   shared by every layer of the shape), their product rounded once to bfloat16.
 # Why: a prefill is compute-bound, and on a CPU without AMX torch's bf16 GEMM runs below its float32 one, which
 # runs below its int8 one. Measured on machine E (Intel Xeon model 207, AVX-512 BF16 + VNNI, no AMX, 2026-12-07,
-# torch 2.13, Qwen2.5-0.5B's 168 body layers at 256 rows): bf16 1216 ms, int8 GEMM 198 ms (387 with the per-token
-# quantization), float32 ~900 ms; Gemma-3-270M's whole prefill (scripts/bench_fast_prefill.py) below. What it
-# costs: the drafter's prompt is computed with int8 activations, so its cache (and the drafts) may differ a little
-# (a whole Qwen2.5-0.5B forward in W8A8 chose the bf16 forward's argmax at 96.7% of 300 code positions, the int8
-# copies alone at 99.7%); never the output. Only a drafter's, and only where the trials time it faster.
+# torch 2.13, scripts/bench_fast_prefill.py, docs/results/fast-prefill-machine-e-2026-12-07.md): the default
+# drafters' prefills of 100 / 250 / 500 positions took 1.9-2.0x less time in w8a8 than in bf16 (pair G's
+# Gemma-3-270M: 0.976 -> 0.493 s at 500) and 2.9-3.0x less (pair Q's Qwen2.5-0.5B: 2.803 -> 0.969 s), float32
+# 1.2-1.4x less; in generate, pair Q's drafter prefills of a 3-prompt HumanEval job 3.05 -> 0.99 s (2.25x -> 2.48x
+# same-kernel target-only). What it costs: the drafter's prompt cache is computed with int8 activations, so the
+# drafts may differ a little (a whole pair Q drafter forward in w8a8 chose bf16's next token at 92.3% of 637 prompt
+# positions; float32 at 99.1%), and tau did not move in those runs; never the output. Only a drafter's, and only
+# where the trials time it faster.
 PREFILL_CANDIDATES = ("linear", "float32", "w8a8")
 
 
@@ -366,6 +369,8 @@ def w8a8_linear(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
     if bias is not None:
         y = y.add_(bias.float())
     return y.to(x.dtype).reshape(*x.shape[:-1], y.shape[-1])
+
+
 # (thread, weight shape) -> the float32 buffer widened_linear copies a weight into: one per shape, shared by every
 # layer of it, reused from call to call (a new tensor per call would page in fresh memory every time)
 _WIDE: dict[tuple[int, torch.Size], torch.Tensor] = {}
@@ -639,9 +644,9 @@ def fast_linears(*models: nn.Module, enabled: bool = True, draft: Iterable[nn.Mo
     theirs). With ``int8`` (a drafter's ``use_int8_copies``), their forwards of up to QUANTIZED_MAX_ROWS rows also
     trial a weight-only int8 copy (``DRAFT_CANDIDATES``), which changes what the drafter proposes, never what is
     output; with ``prefill`` too (a drafter's ``use_fast_prefill``), their forwards of more than MAX_ROWS rows trial
-    the fast prefill's kernels (``PREFILL_CANDIDATES``), which change what the drafter proposes, never the output. With ``norms`` (a drafter's ``use_fused_norms``)
-    the drafter's RMSNorms run ``F.rms_norm`` (``_NORM_STYLES``: bitwise their own result, checked per module). Never
-    pass a target as ``draft``."""
+    the fast prefill's kernels (``PREFILL_CANDIDATES``), which change what the drafter proposes, never the output.
+    With ``norms`` (a drafter's ``use_fused_norms``) the drafter's RMSNorms run ``F.rms_norm`` (``_NORM_STYLES``:
+    bitwise their own result, checked per module). Never pass a target as ``draft``."""
     swapped: list[tuple[nn.Linear, bool]] = []
     draft_norms: list[nn.Module] = []
     report = FastLinears(reason="" if enabled else "off")

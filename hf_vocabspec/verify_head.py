@@ -181,10 +181,11 @@ def generate_kernels(target: nn.Module, assistant, compiled: bool = False,
     """The one kernel choice of a generate call with one of our assistants (``generation.hooks`` enters only this):
     the fast linears (:func:`hf_vocabspec.kernels.fast_linears`) on the target's and drafter's linear layers unless
     ``use_fast_linears`` is off (the drafter's with their int8 copies among the candidates unless ``use_int8_copies``
-    is off, its bfloat16 prefill trialling float32 unless ``use_fast_prefill`` is off, its RMSNorms fused unless
-    ``use_fused_norms`` is off), then the verify head on the target's LM head
-    unless ``use_verify_head`` is off, and a trimmed drafter's body through the lean forward
-    (:mod:`hf_vocabspec.lean_forward`) unless ``use_lean_forward`` is off or its steps run compiled. The fast linears are entered first: a head they wrap is left alone by the verify head (it sees a replaced forward), so
+    is off, its prefill trialling the fast prefill's kernels unless ``use_fast_prefill`` is off, its RMSNorms fused
+    unless ``use_fused_norms`` is off), then the verify head on the target's LM head unless ``use_verify_head`` is
+    off, and a trimmed drafter's body through the lean forward (:mod:`hf_vocabspec.lean_forward`) unless
+    ``use_lean_forward`` is off or its steps run compiled. The fast linears are entered first: a head they wrap is
+    left alone by the verify head (it sees a replaced forward), so
     the verify head serves only where they do not (see :mod:`hf_vocabspec.kernels` for why both exist). Yields the
     fast linears' report (``stats.kernels``). ``compiled`` (the verify and the draft steps run compiled): neither,
     so the layers stay what the compiler traces; ``compiled_draft`` (only a trimmed drafter's steps run compiled,

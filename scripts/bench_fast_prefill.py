@@ -6,6 +6,9 @@ Two parts, one process, nothing else running:
    each of --lengths positions inside the fast linears, as generate enters them, with each prefill kernel forced in
    turn (``F.linear`` in the drafter's dtype: ``prefill=False``; "float32"; "w8a8"), alternating, --repeats times
    after one untimed forward each (which makes the kernel choices); median and range.
+   Then what the fast prefill changes: over the job's prompts longer than MAX_ROWS tokens, the share of prompt
+   positions where the drafter's next-token choice (argmax of its draft-space logits, a whole forward) with each
+   kernel forced equals the one with ``F.linear``.
 2. The job (``benchmark.drafter_switch_job``'s table, methods interleaved prompt by prompt): target-only with the
    same fast linears, the default drafter as generate runs it (the trials choose its prefill kernels), and the same
    drafter with ``use_fast_prefill = False``.
@@ -51,6 +54,31 @@ def forward_seconds(body, ids, kernel: str | None) -> float:
         kernels.forget_choices()
 
 
+def agreement(drafter, prompts, kernel: str) -> tuple[int, int]:
+    """(positions whose argmax with ``kernel`` forced equals F.linear's, positions) over ``prompts``."""
+    same = total = 0
+    saved = kernels.PREFILL_CANDIDATES, kernels.MARGIN
+    try:
+        for ids in (p.reshape(1, -1) for p in prompts):
+            with kernels.fast_linears(draft=(drafter,), prefill=False):
+                want = drafter(input_ids=ids, use_cache=False).logits.argmax(-1)
+            kernels.PREFILL_CANDIDATES, kernels.MARGIN = ("linear", kernel), float("inf")
+            with kernels.fast_linears(draft=(drafter,)):
+                for _ in range(2 * (kernels.TRIALS + 1)):  # (forwards until every layer's trials are over)
+                    got = drafter(input_ids=ids, use_cache=False).logits.argmax(-1)
+                    if all(c.chosen is not None for c in kernels.choices()):
+                        got = drafter(input_ids=ids, use_cache=False).logits.argmax(-1)
+                        break
+            kernels.PREFILL_CANDIDATES, kernels.MARGIN = saved
+            kernels.forget_choices()
+            same += int((got == want).sum())
+            total += want.numel()
+    finally:
+        kernels.PREFILL_CANDIDATES, kernels.MARGIN = saved
+        kernels.forget_choices()
+    return same, total
+
+
 def prefill_table(argv: list[str]) -> list[str]:
     """Part 1 (its own options: --lengths, --repeats); returns the job's options."""
     ap = argparse.ArgumentParser(add_help=False)
@@ -75,9 +103,12 @@ def prefill_table(argv: list[str]) -> list[str]:
                     if r:
                         times[names[k]].append(seconds)
             rows.append({"positions": n, "seconds": times})
+        long = [p for p in job.prompts if p.shape[-1] > kernels.MAX_ROWS]
+        agree = {names[k]: agreement(job.drafter, long, k) for k in kinds if k}
     Path(args.output).mkdir(parents=True, exist_ok=True)
     (Path(args.output) / "prefill.json").write_text(json.dumps({"machine": info, "drafter": args.drafter,
-                                                                "dtype": str(job.dtype), "rows": rows}, indent=2))
+                                                                "dtype": str(job.dtype), "rows": rows,
+                                                                "argmax_agreement": agree}, indent=2))
     base = names[None]
     head = " | ".join(f"{names[k]} s (median, range)" for k in kinds)
     lines = [f"# The default drafter's prefill ({args.drafter}, k = {job.kept_vocab}, {job.dtype}), each prefill kernel "
@@ -89,6 +120,8 @@ def prefill_table(argv: list[str]) -> list[str]:
         cells = [f"{statistics.median(t[names[k]]):.3f} ({min(t[names[k]]):.3f}-{max(t[names[k]]):.3f})" for k in kinds]
         ratios = [f"{statistics.median(t[base]) / statistics.median(t[names[k]]):.2f}x" for k in kinds if k]
         lines.append(f"| {r['positions']} | " + " | ".join(cells + ratios) + " |")
+    lines += ["", f"The drafter's next-token choice over {len(long)} prompts longer than {kernels.MAX_ROWS} tokens, "
+              f"equal to {base}'s at: " + ", ".join(f"{k} {a / t:.2%} ({a}/{t} positions)" for k, (a, t) in agree.items())]
     print("\n".join(lines))
     return rest
 
