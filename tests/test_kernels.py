@@ -318,10 +318,9 @@ int8_kernel = pytest.mark.skipif(not hf_vocabspec.modeling.quantization_ops_avai
                                  reason="this torch has no int8 CPU kernel")
 
 
-@pytest.fixture
-def int8(monkeypatch):
-    """A drafter's layers keep their int8 copy (tiny layers would otherwise pick by timing; ``packed`` is taken out
-    of their candidates so the choice cannot fall on it); every kernel call recorded as (module, name, rows)."""
+def _kernel_calls(monkeypatch) -> list:
+    """From now on, every kernel call recorded as (module, name, rows), and ``MARGIN`` infinite: a key keeps its
+    fastest candidate other than ``F.linear`` (tiny layers would otherwise pick by timing)."""
     calls = []
     original = kernels._run
 
@@ -330,9 +329,17 @@ def int8(monkeypatch):
         return original(name, module, x)
 
     monkeypatch.setattr(kernels, "MARGIN", float("inf"))
-    monkeypatch.setattr(kernels, "DRAFT_CANDIDATES", ("linear", "int8"))
     monkeypatch.setattr(kernels, "_run", spy)
     kernels.forget_choices()
+    return calls
+
+
+@pytest.fixture
+def int8(monkeypatch):
+    """A drafter's layers keep their int8 copy (``packed`` is taken out of their candidates so the choice cannot fall
+    on it); every kernel call recorded (``_kernel_calls``)."""
+    calls = _kernel_calls(monkeypatch)
+    monkeypatch.setattr(kernels, "DRAFT_CANDIDATES", ("linear", "int8"))
     yield calls
     kernels.forget_choices()
 
@@ -433,19 +440,9 @@ def test_a_law_other_than_the_int8_drawn_one_is_detected(lossless_pair, monkeypa
 # --- the fast prefill: a drafter's forwards past MAX_ROWS rows trial w8a8 and (bf16) float32 kernels --------------
 @pytest.fixture
 def prefill(monkeypatch):
-    """A drafter's prefill keys keep the one candidate a test names (``MARGIN`` infinite: tiny layers would otherwise
-    pick by timing; set ``kernels.PREFILL_CANDIDATES`` to ("linear", name)); every kernel call recorded as (module,
-    name, rows)."""
-    calls = []
-    original = kernels._run
-
-    def spy(name, module, x):
-        calls.append((module, name, x.numel() // x.shape[-1]))
-        return original(name, module, x)
-
-    monkeypatch.setattr(kernels, "MARGIN", float("inf"))
-    monkeypatch.setattr(kernels, "_run", spy)
-    kernels.forget_choices()
+    """A drafter's prefill keys keep the one candidate a test names (it sets ``kernels.PREFILL_CANDIDATES`` to
+    ("linear", name)); every kernel call recorded (``_kernel_calls``)."""
+    calls = _kernel_calls(monkeypatch)
     yield calls
     kernels.forget_choices()
     kernels.release()
