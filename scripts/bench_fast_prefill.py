@@ -23,8 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -37,57 +37,49 @@ from hf_vocabspec.modeling import model_body
 OUTPUT = "results/bench-fast-prefill"
 
 
-def forward_seconds(body, ids, kernel: str | None) -> float:
-    """Seconds of a forward of ``ids`` through ``body`` in the fast linears with the prefill kernel ``kernel`` forced
-    (None: ``prefill=False``), after one untimed forward (its trials); the choices are forgotten after."""
+@contextmanager
+def forced(kernel: str | None):
+    """Within the block, the drafter's prefill kernel is ``kernel`` (its trials keep it whatever its time; None: no
+    fast prefill, ``F.linear``); the candidates, margin and choices are restored / forgotten on exit."""
     saved = kernels.PREFILL_CANDIDATES, kernels.MARGIN
     try:
         if kernel is not None:
             kernels.PREFILL_CANDIDATES, kernels.MARGIN = ("linear", kernel), float("inf")
-        with kernels.fast_linears(draft=(body,), prefill=kernel is not None):
-            body(input_ids=ids, use_cache=False)
-            t0 = time.perf_counter()
-            body(input_ids=ids, use_cache=False)
-            return time.perf_counter() - t0
+        yield
     finally:
         kernels.PREFILL_CANDIDATES, kernels.MARGIN = saved
         kernels.forget_choices()
+
+
+def forward_seconds(body, ids, kernel: str | None) -> float:
+    """Seconds of a forward of ``ids`` through ``body`` in the fast linears with ``kernel`` forced, after one
+    untimed forward (its trials)."""
+    with forced(kernel), kernels.fast_linears(draft=(body,), prefill=kernel is not None):
+        body(input_ids=ids, use_cache=False)
+        t0 = time.perf_counter()
+        body(input_ids=ids, use_cache=False)
+        return time.perf_counter() - t0
 
 
 def agreement(drafter, prompts, kernel: str) -> tuple[int, int]:
     """(positions whose argmax with ``kernel`` forced equals F.linear's, positions) over ``prompts``."""
     same = total = 0
-    saved = kernels.PREFILL_CANDIDATES, kernels.MARGIN
-    try:
-        for ids in (p.reshape(1, -1) for p in prompts):
-            with kernels.fast_linears(draft=(drafter,), prefill=False):
-                want = drafter(input_ids=ids, use_cache=False).logits.argmax(-1)
-            kernels.PREFILL_CANDIDATES, kernels.MARGIN = ("linear", kernel), float("inf")
-            with kernels.fast_linears(draft=(drafter,)):
-                for _ in range(2 * (kernels.TRIALS + 1)):  # (forwards until every layer's trials are over)
-                    got = drafter(input_ids=ids, use_cache=False).logits.argmax(-1)
-                    if all(c.chosen is not None for c in kernels.choices()):
-                        got = drafter(input_ids=ids, use_cache=False).logits.argmax(-1)
-                        break
-            kernels.PREFILL_CANDIDATES, kernels.MARGIN = saved
-            kernels.forget_choices()
-            same += int((got == want).sum())
-            total += want.numel()
-    finally:
-        kernels.PREFILL_CANDIDATES, kernels.MARGIN = saved
-        kernels.forget_choices()
+    for ids in (p.reshape(1, -1) for p in prompts):
+        with forced(None), kernels.fast_linears(draft=(drafter,), prefill=False):
+            want = drafter(input_ids=ids, use_cache=False).logits.argmax(-1)
+        with forced(kernel), kernels.fast_linears(draft=(drafter,)):
+            for _ in range(2 * (kernels.TRIALS + 1)):  # (forwards until every layer's trials are over)
+                drafter(input_ids=ids, use_cache=False)
+                if all(c.chosen is not None for c in kernels.choices()):
+                    break
+            got = drafter(input_ids=ids, use_cache=False).logits.argmax(-1)
+        same += int((got == want).sum())
+        total += want.numel()
     return same, total
 
 
-def prefill_table(argv: list[str]) -> list[str]:
-    """Part 1 (its own options: --lengths, --repeats); returns the job's options."""
-    ap = argparse.ArgumentParser(add_help=False)
-    ap.add_argument("--lengths", type=int, nargs="+", default=[100, 250, 500], help="prefill positions timed")
-    ap.add_argument("--repeats", type=int, default=5, help="alternating timed forwards per length and kernel")
-    mine, rest = ap.parse_known_args(argv)
-    sys.argv[1:] = rest
-    args = default_drafter_job_args("prefill", prompts=16, output=OUTPUT)
-    job = default_drafter_job(args)
+def prefill_table(args, job, mine) -> None:
+    """Part 1 on ``job`` (``args``: the job's options; ``mine``: --lengths, --repeats)."""
     body = model_body(job.drafter)
     vocab = body.get_input_embeddings().weight.shape[0]
     names = {None: f"F.linear ({str(job.dtype).removeprefix('torch.')})", "float32": "float32", "w8a8": "w8a8"}
@@ -121,16 +113,22 @@ def prefill_table(argv: list[str]) -> list[str]:
         ratios = [f"{statistics.median(t[base]) / statistics.median(t[names[k]]):.2f}x" for k in kinds if k]
         lines.append(f"| {r['positions']} | " + " | ".join(cells + ratios) + " |")
     lines += ["", f"The drafter's next-token choice over {len(long)} prompts longer than {kernels.MAX_ROWS} tokens, "
-              f"equal to {base}'s at: " + ", ".join(f"{k} {a / t:.2%} ({a}/{t} positions)" for k, (a, t) in agree.items())]
+              f"equal to {base}'s at: " + (", ".join(f"{k} {a / t:.2%} ({a}/{t} positions)" for k, (a, t) in agree.items())
+                                           if long else "- (no such prompt in this job)")]
     print("\n".join(lines))
-    return rest
 
 
 def main() -> None:
-    rest = prefill_table(sys.argv[1:])
-    sys.argv[1:] = rest
-    drafter_switch_job(__doc__.splitlines()[0].rstrip("."), switch="use_fast_prefill", on="fast prefill",
-                       off="prefill in F.linear", prompts=16, output=OUTPUT)
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--lengths", type=int, nargs="+", default=[100, 250, 500], help="prefill positions timed")
+    ap.add_argument("--repeats", type=int, default=5, help="alternating timed forwards per length and kernel")
+    mine, rest = ap.parse_known_args()
+    description = __doc__.splitlines()[0].rstrip(".")
+    args = default_drafter_job_args(description, prompts=16, output=OUTPUT, argv=rest)
+    job = default_drafter_job(args)  # (loaded once: both parts run on it)
+    prefill_table(args, job, mine)
+    drafter_switch_job(description, switch="use_fast_prefill", on="fast prefill", off="prefill in F.linear",
+                       prompts=16, output=OUTPUT, args=args, job=job)
 
 
 if __name__ == "__main__":

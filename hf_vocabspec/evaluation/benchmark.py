@@ -877,15 +877,17 @@ def job_rows(results: dict[str, MethodResult], methods: Sequence[Method], refere
 
 
 def drafter_switch_job(description: str, *, switch: str, on: str, off: str, prompts: int, output: str,
-                       extra: Callable[[TrimmedDrafter], dict] | None = None) -> dict:
+                       extra: Callable[[TrimmedDrafter], dict] | None = None, args=None,
+                       job: DefaultDrafterJob | None = None) -> dict:
     """A default-drafter job (``default_drafter_job_args`` parse the command line) that times one of the drafter's
     switches on and off, interleaved prompt by prompt in one process (``compare_methods``, one pass): target-only
     with the same fast linears, the default drafter as generate runs it (``on``), and the same drafter with
     ``switch = False`` (``off``). Reports each method's seconds against target-only, its mean draft step and how many
     prompts' outputs equal the switched-on drafter's; ``extra(drafter)`` adds report entries (each also a line).
-    Writes results.json / results.md under --output and prints the table."""
-    args = default_drafter_job_args(description, prompts=prompts, output=output)
-    job = default_drafter_job(args)
+    Writes results.json / results.md under --output and prints the table. ``args`` / ``job``: already parsed /
+    loaded by the caller (a bench that measures more on the same job)."""
+    args = args if args is not None else default_drafter_job_args(description, prompts=prompts, output=output)
+    job = job if job is not None else default_drafter_job(args)
     methods = [Method("target only (fast linears)", fast_linears=True),
                Method(f"default drafter ({on})", job.drafter),
                Method(f"default drafter ({off})", job.drafter, attrs={switch: False})]
