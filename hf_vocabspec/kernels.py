@@ -605,7 +605,7 @@ class FastLinears:
     compiled_int8_layers: int = 0  # the drafter body's layers its compiled steps run on int8 copies (compiled_int8_copies)
     draft_norms: int = 0  # the drafter's RMSNorms run through F.rms_norm (_norm_forward)
     lean_forward: bool = False  # the drafter's body runs hf_vocabspec.lean_forward (where checked equal)
-    fast_prefill: bool = False  # the drafter's layers trial PREFILL_CANDIDATES past MAX_ROWS rows
+    fast_prefill: bool = False  # some of the drafter's layers trial PREFILL_CANDIDATES past MAX_ROWS rows
 
     def __str__(self) -> str:
         lean = "; the drafter's body through the lean forward" if self.lean_forward else ""
@@ -686,7 +686,7 @@ def fast_linears(*models: nn.Module, enabled: bool = True, draft: Iterable[nn.Mo
             report.reason = "no float32/bfloat16 nn.Linear on CPU"
     report.layers = len(swapped)
     report.draft_layers = sum(d for _, d in swapped)
-    report.fast_prefill = prefill and report.draft_layers > 0
+    report.fast_prefill = prefill and any(d and len(_prefill_candidates(m.weight.dtype)) > 1 for m, d in swapped)
     draft_norms = draft_norms if swapped else []  # the drafter's RMSNorms run fused wherever linears are swapped
     report.draft_norms = len(draft_norms)
     with ExitStack() as stack:

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .kernels import (FastLinears, KernelChoice, KernelKey, compiled_int8_copies, fast_linears, wants_fast_linears,
-                      wants_fused_norms, wants_int8_copies, wants_fast_prefill)
+                      wants_fast_prefill, wants_fused_norms, wants_int8_copies)
 from .lean_forward import lean_forwards, wants_lean_forward
 from .modeling import TrimmedDrafter, cache_kwarg, model_body
 

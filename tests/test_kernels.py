@@ -536,10 +536,12 @@ def test_a_drafters_bf16_prefill_widened_runs_float32_sums_rounded_once(bias, pr
         assert torch.equal(layer(x), want)
     with torch.no_grad(), kernels.fast_linears(draft=(layer,)):
         assert torch.equal(layer(x), want)
-    # a float32 drafter layer has nothing to widen (and here no other candidate): F.linear, untouched
+    # a float32 drafter layer has nothing to widen (and here no other candidate): F.linear, untouched, and the report
+    # does not claim a fast prefill
     prefill.clear()
     other = nn.Linear(48, 40, bias=bias)
-    with torch.no_grad(), kernels.fast_linears(draft=(other,)):
+    with torch.no_grad(), kernels.fast_linears(draft=(other,)) as report:
+        assert report.draft_layers == 1 and not report.fast_prefill
         for _ in range(2 * kernels.TRIALS + 2):
             assert torch.equal(other(x.float()), F.linear(x.float(), other.weight, other.bias))
     assert not prefill and not any(c.key.dtype == "float32" for c in kernels.choices())
