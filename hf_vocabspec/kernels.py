@@ -67,7 +67,7 @@ __all__ = ["DRAFT_CANDIDATES", "EXACT_ROWS", "MARGIN", "MAX_ROWS", "MEMORY_SHARE
            "FastLinears", "KernelChoice", "KernelKey", "available", "choices", "compiled_int8_copies", "decided_int8",
            "fast_linears", "fused_norm", "fused_norm_scale", "fused_norms", "int8_linear", "packed_linear", "release",
            "rows_bucket", "settle_choices", "stacked_int8", "trials_run", "wants_fast_linears", "wants_fused_norms",
-           "w8a8_linear", "wants_fast_prefill", "wants_int8_copies", "widened_linear"]
+           "int8_gemm_pays", "w8a8_linear", "wants_fast_prefill", "wants_int8_copies", "widened_linear"]
 
 MAX_ROWS = 64
 # Timed calls per candidate (after one untimed call each) before choosing by median, and the speed-up the packed
@@ -92,7 +92,15 @@ CANDIDATES = ("linear", "packed")
 # runs): every layer int8 69 ms against 93 for the choices the three-way trials made (packed kept for 4864x896 and
 # more) and 96 with every layer packed; 70 / 87 at 2 rows, 76 / 80 at 4 rows. Pair G's drafter: the trials kept
 # int8 everywhere (33 ms, 44 packed).
-DRAFT_CANDIDATES = ("linear", "int8")
+# - "int8_bf16" (float32 layers only): the same int8 copy with the input rounded to bfloat16 (and its scales), the
+#   product widened back to float32: the one form of torch's int8 kernel (``_weight_int8pack_mm``) that is
+#   vectorised on CPUs without AVX-512. Measured on machine F (AMD EPYC Zen 2, AVX2 only, 2026-12-07, torch 2.13):
+#   the kernel with float32 input read its int8 weights at ~2.2 GB/s (7x slower than float32 ``F.linear``, so the
+#   float32 drafter never kept its copies there), with bfloat16 input at 20-28 GB/s; a float32 Gemma-3-270M body's
+#   126 linears for one row took 10.8 ms this way against 28.9 ms in ``F.linear`` (4 rows: 14.6 against 52.4).
+#   What it changes is what the int8 copy already changes: the drafts, never the output. bfloat16 layers' "int8"
+#   already runs on bfloat16 input.
+DRAFT_CANDIDATES = ("linear", "int8", "int8_bf16")
 # The fast prefill: a drafter's layers, for forwards of more than MAX_ROWS rows (its prompt's prefill), also trial
 # - "w8a8" (:func:`w8a8_linear`): the layer's int8 copy (the one its draft steps run) times the input quantized to
 #   int8 per row (token), summed in int32 by torch's int8 GEMM (``torch._int_mm``), scaled back;
@@ -144,6 +152,8 @@ class KernelChoice:
     def __post_init__(self) -> None:
         if not self.timings_ms:
             self.timings_ms = {name: [] for name in _candidates(self.key.draft, self.key.rows, self.key.dtype)}
+        if list(self.timings_ms) == ["linear"]:  # nothing to trial (no other candidate for this key)
+            self.chosen = "linear"
 
     def median_ms(self, name: str) -> float:
         return statistics.median(self.timings_ms[name])
@@ -233,10 +243,12 @@ def release(model: nn.Module | None = None) -> None:
             _INT8.clear()
             _NORMS.clear()
             _STACKED.clear()
+            _NARROW.clear()
             return
         for module in model.modules():
             _PACKED.pop(module, None)
             _INT8.pop(module, None)
+            _NARROW.pop(module, None)
             _NORMS.pop(module, None)
             _STACKED.pop(module, None)
 
@@ -274,15 +286,21 @@ _STACKED: weakref.WeakKeyDictionary[nn.Linear, tuple] = weakref.WeakKeyDictionar
 
 def decided_int8(module: nn.Linear, rows: int):
     """``module``'s int8 copy where the fast linears run it for forwards of ``rows`` rows: a drafter's layer (its
-    forward is theirs) whose choice for that count is made and is the int8 copy; else None (the caller calls the
-    module). For the drafter's lean forward (:mod:`hf_vocabspec.lean_forward`), which calls the kernel itself."""
+    forward is theirs) whose choice for that count is made and is the int8 copy ("int8", or "int8_bf16": then the
+    copy's scales are its bfloat16 ones, which :func:`int8_linear` takes as the input's dtype); else None (the caller
+    calls the module). For the drafter's lean forward (:mod:`hf_vocabspec.lean_forward`), which calls the kernel
+    itself."""
     if not _is_draft(module):
         return None
     weight = module.weight
-    if (weight.dtype not in _DTYPES or torch.is_grad_enabled()
-            or _DECIDED.get(_fast_key(module, rows, True)) != "int8"):
+    if weight.dtype not in _DTYPES or torch.is_grad_enabled():
         return None
-    return _int8(module)
+    name = _DECIDED.get(_fast_key(module, rows, True))
+    if name == "int8":
+        return _int8(module)
+    if name == "int8_bf16":
+        return _int8(module)._replace(scales=_narrow_scales(module))
+    return None
 
 
 def stacked_int8(modules: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -309,10 +327,30 @@ def stacked_int8(modules: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor]:
 
 def int8_linear(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
                 bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ (weight * scales).T (+ bias)`` through torch's int8 kernel, as :func:`packed_linear` runs an int8 copy."""
-    y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, x.shape[-1]).contiguous(), weight, scales)
+    """``x @ (weight * scales).T (+ bias)`` through torch's int8 kernel, as :func:`packed_linear` runs an int8 copy.
+    The kernel computes in ``scales``' dtype: where it is not ``x``'s ("int8_bf16": bfloat16 scales for a float32
+    ``x``), ``x`` is rounded to it and the product widened back to ``x``'s dtype before the bias is added."""
+    dtype = x.dtype
+    flat = x.reshape(-1, x.shape[-1])
+    y = torch.ops.aten._weight_int8pack_mm((flat if scales.dtype == dtype else flat.to(scales.dtype)).contiguous(),
+                                           weight, scales)
     y = y.reshape(*x.shape[:-1], y.shape[-1])
+    if y.dtype != dtype:
+        y = y.to(dtype)
     return y if bias is None else y + bias
+
+
+# a float32 drafter's module -> (its int8 copy's scales tensor, those scales in bfloat16): the "int8_bf16" kernel's
+_NARROW: weakref.WeakKeyDictionary[nn.Linear, tuple] = weakref.WeakKeyDictionary()
+
+
+def _narrow_scales(module: nn.Linear) -> torch.Tensor:
+    """``module``'s int8 copy's scales in bfloat16 (made once per copy; the kernel takes its input's dtype)."""
+    scales = _int8(module).scales
+    entry = _NARROW.get(module)
+    if entry is None or entry[0] is not scales:
+        entry = _NARROW[module] = (scales, scales.to(torch.bfloat16))
+    return entry[1]
 
 
 def fused_norm_scale(module: nn.Module):
@@ -336,6 +374,8 @@ def _run(name: str, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     elif name == "int8":
         q = _int8(module)
         return int8_linear(x, q.weight, q.scales, module.bias)
+    elif name == "int8_bf16":
+        return int8_linear(x, _int8(module).weight, _narrow_scales(module), module.bias)
     elif name == "float32":
         return widened_linear(x, module.weight, module.bias)
     elif name == "w8a8":
@@ -350,11 +390,49 @@ _NO_PREFILL: weakref.WeakSet[nn.Linear] = weakref.WeakSet()
 
 def _prefill_candidates(dtype: torch.dtype | str) -> tuple[str, ...]:
     """The fast prefill's candidates for a drafter's layer of ``dtype``: float32 widening only for bfloat16, w8a8
-    where this torch has the int8 GEMM (``torch._int_mm``)."""
+    where this torch has an int8 GEMM (``torch._int_mm``) that is not slower than its float32 one here
+    (:func:`int8_gemm_pays`)."""
     dtype = str(dtype).removeprefix("torch.")
     return tuple(n for n in PREFILL_CANDIDATES
                  if n == "linear" or (n == "float32" and dtype == "bfloat16")
-                 or (n == "w8a8" and hasattr(torch, "_int_mm")))
+                 or (n == "w8a8" and int8_gemm_pays()))
+
+
+# Whether w8a8 is worth a trial on this machine: measured once per process (None: not yet), by ``int8_gemm_pays``.
+# Why: a trial runs each candidate three times per shape and prompt-length bucket, on the real prefill, and where
+# torch's int8 GEMM has no vector path it costs 25-50x float32's. Measured on machine F (AMD EPYC Zen 2, AVX2, no
+# VNNI, 2026-12-07): ``_int_mm`` took 129 ms for a 256 x 640 x 2048 product that ``F.linear`` did in 5 ms; its trials
+# put ~2 s into each new prompt-length bucket's prefill, and pair G's fp32 drafter averaged 57.8 ms a draft step
+# against 44.5 with its int8 copies (and so the fast prefill) off (8 ShareGPT prompts x 48 tokens,
+# scripts/bench_int8_copies.py). On machine E (VNNI) it ran ~3x float32.
+_INT8_GEMM_PAYS: bool | None = None
+
+
+def int8_gemm_pays() -> bool:
+    """Whether ``torch._int_mm`` on a 128 x 1024 x 1024 product takes no longer than ``F.linear`` in float32 on the
+    same shape (median of 3 after one untimed call each, ~1-100 ms once per process); False without ``_int_mm``."""
+    global _INT8_GEMM_PAYS
+    if _INT8_GEMM_PAYS is None:
+        if not hasattr(torch, "_int_mm"):
+            _INT8_GEMM_PAYS = False
+        else:
+            with torch.no_grad():
+                gen = torch.Generator().manual_seed(0)
+                a = torch.randint(-127, 128, (128, 1024), dtype=torch.int8, generator=gen)
+                b = torch.randint(-127, 128, (1024, 1024), dtype=torch.int8, generator=gen)
+                x, w = a.float(), b.float()
+
+                def median_ms(fn) -> float:
+                    fn()
+                    times = []
+                    for _ in range(3):
+                        start = time.perf_counter()
+                        fn()
+                        times.append(time.perf_counter() - start)
+                    return statistics.median(times)
+
+                _INT8_GEMM_PAYS = median_ms(lambda: torch._int_mm(a, b.t())) <= median_ms(lambda: F.linear(x, w))
+    return _INT8_GEMM_PAYS
 
 
 def w8a8_linear(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
@@ -461,11 +539,18 @@ def _fast_key(module: nn.Linear, rows: int, draft: bool = False) -> tuple:
             torch.get_num_threads(), draft and (rows <= QUANTIZED_MAX_ROWS or rows > MAX_ROWS))
 
 
+def _draft_candidates(dtype: torch.dtype | str) -> tuple[str, ...]:
+    """A drafter's layer's candidates for a draft step's rows: "int8_bf16" only for float32 layers (a bfloat16
+    layer's "int8" is that kernel already)."""
+    dtype = str(dtype).removeprefix("torch.")
+    return tuple(n for n in DRAFT_CANDIDATES if n != "int8_bf16" or dtype == "float32")
+
+
 def _candidates(draft: bool, rows: int, dtype: torch.dtype | str) -> tuple[str, ...]:
     """The kernels a key trials, from its ``draft`` field, rows and dtype (``_fast_key``'s rule, ``KernelKey``)."""
     if not draft:
         return CANDIDATES
-    return _prefill_candidates(dtype) if rows > MAX_ROWS else DRAFT_CANDIDATES
+    return _prefill_candidates(dtype) if rows > MAX_ROWS else _draft_candidates(dtype)
 
 
 def _kernel_key(fast: tuple) -> KernelKey:
@@ -549,6 +634,8 @@ def packed_linear(module: nn.Linear, x: torch.Tensor, draft: bool = False) -> to
             _packed(module)  # packing is a one-off per module: not part of the kernel's time
         elif name in ("int8", "w8a8"):
             _int8(module)
+        elif name == "int8_bf16":
+            _narrow_scales(module)
     start = time.perf_counter()
     out = _run(name, module, x)
     elapsed = (time.perf_counter() - start) * 1e3

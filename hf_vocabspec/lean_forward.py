@@ -145,10 +145,17 @@ class _Layer:
         copies = [decided_int8(m, rows) if isinstance(m, nn.Linear) else None for m in mods]
         if any(c is None for c in copies):
             return None  # (not cached: a choice still in trial is made later in the call)
-        qkv = stacked_int8(mods[:3])
+        kinds = {c.scales.dtype for c in copies}  # the kernel's input dtype: "int8" and "int8_bf16" mixed: the modules
+        if len(kinds) > 1:
+            self.by_rows[rows] = None
+            return None
+        act = kinds.pop()
+        weight, scales = stacked_int8(mods[:3])
+        qkv = (weight, scales.to(act))
         bias = torch.cat([m.bias for m in mods[:3]]) if biases[0] else None
         o, down = copies[3], copies[6]
-        gate_up = stacked_int8(mods[4:6])
+        weight, scales = stacked_int8(mods[4:6])
+        gate_up = (weight, scales.to(act))
         self.by_rows[rows] = ((*qkv, bias, [m.out_features for m in mods[:3]]), (o.weight, o.scales, mods[3].bias),
                               (*gate_up, mods[4].out_features), (down.weight, down.scales, mods[6].bias))
         return self.by_rows[rows]

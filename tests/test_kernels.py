@@ -13,7 +13,7 @@ from torch import nn
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 import hf_vocabspec
-from hf_vocabspec import kernels
+from hf_vocabspec import kernels, lean_forward
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="this torch build has no oneDNN")
 
@@ -318,10 +318,11 @@ int8_kernel = pytest.mark.skipif(not hf_vocabspec.modeling.quantization_ops_avai
                                  reason="this torch has no int8 CPU kernel")
 
 
-def _kernel_calls(monkeypatch) -> list:
-    """From now on, every kernel call recorded as (module, name, rows), and ``MARGIN`` infinite: a key keeps its
-    fastest candidate other than ``F.linear`` (tiny layers would otherwise pick by timing)."""
-    calls = []
+def _kernel_calls(monkeypatch, calls: list | None = None) -> list:
+    """From now on, every kernel call recorded as (module, name, rows) (in ``calls`` where given), and ``MARGIN``
+    infinite: a key keeps its fastest candidate other than ``F.linear`` (tiny layers would otherwise pick by
+    timing)."""
+    calls = [] if calls is None else calls
     original = kernels._run
 
     def spy(name, module, x):
@@ -334,12 +335,18 @@ def _kernel_calls(monkeypatch) -> list:
     return calls
 
 
+class _Calls(list):
+    kernel = "int8"  # the int8 kernel the ``int8`` fixture leaves a drafter's layers
+
+
 @pytest.fixture
-def int8(monkeypatch):
+def int8(monkeypatch, request):
     """A drafter's layers keep their int8 copy (``packed`` is taken out of their candidates so the choice cannot fall
-    on it); every kernel call recorded (``_kernel_calls``)."""
-    calls = _kernel_calls(monkeypatch)
-    monkeypatch.setattr(kernels, "DRAFT_CANDIDATES", ("linear", "int8"))
+    on it): "int8", or where a test passes it indirectly "int8_bf16" (the copy on bfloat16 input; float32 layers
+    only); every kernel call recorded (``_kernel_calls``; ``.kernel`` names the kernel)."""
+    calls = _kernel_calls(monkeypatch, _Calls())
+    calls.kernel = getattr(request, "param", "int8")
+    monkeypatch.setattr(kernels, "DRAFT_CANDIDATES", ("linear", calls.kernel))
     yield calls
     kernels.forget_choices()
 
@@ -387,6 +394,7 @@ def test_a_changed_weight_gets_a_new_int8_copy(int8):
 
 
 @int8_kernel
+@pytest.mark.parametrize("int8", ["int8", "int8_bf16"], indirect=True)
 @pytest.mark.parametrize("kind", ["llama", "gemma3"])
 def test_greedy_identical_with_int8_copies_and_the_target_never_runs_them(kind, int8):
     target, base = make_pair(kind, seed=3, head_scale=8.0)
@@ -400,26 +408,30 @@ def test_greedy_identical_with_int8_copies_and_the_target_never_runs_them(kind, 
     ids = torch.randint(3, VOCAB, (3, 7), generator=g)  # batched: the engine's loop at batch 3
     ref = target.generate(ids, do_sample=False, max_new_tokens=16)
     assert torch.equal(target.generate(ids, do_sample=False, max_new_tokens=16, assistant_model=drafter), ref)
-    assert any(name == "int8" for m, name, _ in int8 if id(m) not in target_layers)  # the drafter drafted with them
-    assert not any(name == "int8" for m, name, _ in int8 if id(m) in target_layers)
+    ran = int8.kernel
+    assert any(name == ran for m, name, _ in int8 if id(m) not in target_layers)  # the drafter drafted with them
+    assert not any(name.startswith("int8") for m, name, _ in int8 if id(m) in target_layers)
     assert "with int8 copies as candidates" in drafter.last_speculation_stats.kernels
+    assert lean_forward.served(drafter.model)  # its stacked int8 layers matched its own forward bitwise
     int8.clear()
     drafter.use_int8_copies = False  # the switch: the drafter's layers keep the exact candidates
     target.generate(ids, do_sample=False, max_new_tokens=8, assistant_model=drafter)
-    assert int8 and not any(name == "int8" for _, name, _ in int8)
+    assert int8 and not any(name.startswith("int8") for _, name, _ in int8)
     assert "int8" not in drafter.last_speculation_stats.kernels
 
 
 @int8_kernel
+@pytest.mark.parametrize("int8", ["int8", "int8_bf16"], indirect=True)
 def test_sampling_with_int8_copies_is_lossless(lossless_pair, int8):
     """Chi-square of the first two sampled tokens against the exact target marginals (marginals.py threshold),
     with the drafts drawn through the drafter's int8 copies (counted)."""
     target, drafter, probe = lossless_pair
     check_lossless(target, drafter, {"temperature": 0.9}, pruned_probe=probe)
-    assert any(name == "int8" for _, name, _ in int8)
+    assert any(name == int8.kernel for _, name, _ in int8)
 
 
 @int8_kernel
+@pytest.mark.parametrize("int8", ["int8", "int8_bf16"], indirect=True)
 def test_a_law_other_than_the_int8_drawn_one_is_detected(lossless_pair, monkeypatch, int8):
     """Power: drafts drawn through the int8 copies but reported with another law (their softmax at temperature 0.5)
     must fail the same check."""
@@ -434,7 +446,71 @@ def test_a_law_other_than_the_int8_drawn_one_is_detected(lossless_pair, monkeypa
 
     monkeypatch.setattr(DraftStep, "draw", wrong)
     check_detected(target, drafter, {"temperature": 0.9}, pruned_probe=probe)
-    assert any(name == "int8" for _, name, _ in int8)
+    assert any(name == int8.kernel for _, name, _ in int8)
+
+
+@int8_kernel
+@pytest.mark.parametrize("int8", ["int8_bf16"], indirect=True)
+@pytest.mark.parametrize("bias", [False, True])
+def test_int8_bf16_runs_the_int8_copy_on_bfloat16_input_for_float32_layers_only(bias, int8):
+    """A float32 drafter layer's "int8_bf16": its int8 copy times the input rounded to bfloat16, with its scales in
+    bfloat16, each sum rounded to bfloat16 (the kernel's output dtype), then widened and the bias added in float32.
+    A bfloat16 layer never trials it (its "int8" is that kernel); a target's layer never."""
+    from hf_vocabspec.modeling import QUANTIZED_MAX_ROWS, quantize_weight
+
+    layer = nn.Linear(64, 40, bias=bias)
+    q = quantize_weight(layer.weight, "int8")[0]
+    x = _rows_of_every_size(3, 64, torch.float32)
+    with torch.no_grad(), kernels.fast_linears(draft=(layer,)):
+        outs = [layer(x) for _ in range(2 * kernels.TRIALS + 2)]
+    values = q.weight.double() * q.scales.to(torch.bfloat16).double()[:, None]
+    want = (x.to(torch.bfloat16).double() @ values.T).to(torch.bfloat16).float()  # sums exact, rounded once
+    sums = outs[-1] - layer.bias if bias else outs[-1]
+    torch.testing.assert_close(sums, want, rtol=2**-8, atol=1e-6)  # within one bfloat16 rounding of the sums
+    if not bias:  # power: a kernel left on float32 input or output has sums bfloat16 cannot hold
+        assert torch.equal(sums, sums.to(torch.bfloat16).float())
+        assert not torch.equal(sums, kernels.int8_linear(x, q.weight, q.scales))
+    assert {(name, rows) for _, name, rows in int8} == {("linear", 3), ("int8_bf16", 3)}
+    assert kernels.decided_int8(layer, 3) is None  # (outside the block the layer is no drafter's)
+    int8.clear()
+    with torch.no_grad(), kernels.fast_linears(draft=(layer,)):
+        assert kernels.decided_int8(layer, 3).scales.dtype == torch.bfloat16  # what the lean forward stacks
+        for rows in (1, QUANTIZED_MAX_ROWS + 1):
+            for _ in range(2 * kernels.TRIALS + 2):
+                layer(x[:, :1].expand(1, rows, 64))
+    assert not any(name == "int8_bf16" and rows > QUANTIZED_MAX_ROWS for _, name, rows in int8)
+    half = nn.Linear(64, 40, bias=bias).to(torch.bfloat16)
+    int8.clear()
+    with torch.no_grad(), kernels.fast_linears(draft=(half,)), kernels.fast_linears(layer):
+        for _ in range(2 * kernels.TRIALS + 2):
+            half(x.to(torch.bfloat16))
+            layer(x)
+    assert int8 and not any(name == "int8_bf16" for _, name, _ in int8)
+
+
+def test_w8a8_is_trialled_only_where_the_int8_gemm_pays(monkeypatch):
+    """The probe: torch's int8 GEMM timed against float32's once per process; w8a8 is a prefill candidate only
+    where it is not slower (a slow one, as on CPUs without VNNI, would cost every trial seconds)."""
+    import time as _time
+
+    monkeypatch.setattr(kernels, "_INT8_GEMM_PAYS", None)
+    assert isinstance(kernels.int8_gemm_pays(), bool)
+    slow = torch._int_mm
+
+    def sluggish(a, b):
+        _time.sleep(0.05)
+        return slow(a, b)
+
+    monkeypatch.setattr(kernels, "_INT8_GEMM_PAYS", None)
+    monkeypatch.setattr(torch, "_int_mm", sluggish)
+    assert kernels.int8_gemm_pays() is False
+    assert "w8a8" not in kernels._prefill_candidates(torch.float32)
+    assert kernels._prefill_candidates(torch.bfloat16) == ("linear", "float32")
+    monkeypatch.setattr(kernels, "_INT8_GEMM_PAYS", True)
+    assert kernels._prefill_candidates(torch.float32) == ("linear", "w8a8")
+    monkeypatch.setattr(kernels, "_INT8_GEMM_PAYS", None)
+    monkeypatch.delattr(torch, "_int_mm")
+    assert kernels.int8_gemm_pays() is False
 
 
 # --- the fast prefill: a drafter's forwards past MAX_ROWS rows trial w8a8 and (bf16) float32 kernels --------------
@@ -443,6 +519,7 @@ def prefill(monkeypatch):
     """A drafter's prefill keys keep the one candidate a test names (it sets ``kernels.PREFILL_CANDIDATES`` to
     ("linear", name)); every kernel call recorded (``_kernel_calls``)."""
     calls = _kernel_calls(monkeypatch)
+    monkeypatch.setattr(kernels, "_INT8_GEMM_PAYS", True)  # (what w8a8 computes, whether or not it pays here)
     yield calls
     kernels.forget_choices()
     kernels.release()

@@ -147,8 +147,9 @@ def test_power_a_wrong_lean_forward_is_not_served(monkeypatch):
 
 
 # --- the stacked int8 layers and merged norms (where the fast linears chose the int8 copies) ---------------------
-def _forced_int8(body, rows=range(1, 8)):
-    """The fast linears on ``body`` as a drafter's, every layer's choice made: its int8 copy for ``rows``."""
+def _forced_int8(body, rows=range(1, 8), kernel="int8"):
+    """The fast linears on ``body`` as a drafter's, every layer's choice made: its int8 copy for ``rows`` (``kernel``:
+    "int8", or "int8_bf16", the copy on bfloat16 input)."""
     from torch import nn
 
     from hf_vocabspec import kernels
@@ -156,12 +157,13 @@ def _forced_int8(body, rows=range(1, 8)):
     for m in body.modules():
         if type(m) is nn.Linear and "forward" in m.__dict__:
             for r in rows:
-                kernels._DECIDED[kernels._fast_key(m, r, True)] = "int8"
+                kernels._DECIDED[kernels._fast_key(m, r, True)] = kernel
 
 
 @pytest.mark.parametrize("family", ["qwen2", "gemma3"])  # q/k/v biases; q/k norms merged
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_bitwise_with_stacked_int8_layers(family, dtype):
+@pytest.mark.parametrize("dtype,kernel", [(torch.float32, "int8"), (torch.bfloat16, "int8"),
+                                          (torch.float32, "int8_bf16")])
+def test_bitwise_with_stacked_int8_layers(family, dtype, kernel):
     from hf_vocabspec import kernels
 
     if not kernels.quantization_ops_available("int8"):
@@ -170,7 +172,7 @@ def test_bitwise_with_stacked_int8_layers(family, dtype):
     body = BODIES[family]().to(dtype).eval()
     try:
         with kernels.fast_linears(draft=(body,)):
-            _forced_int8(body)
+            _forced_int8(body, kernel=kernel)
             lf._PLANS.pop(body, None)
             with torch.no_grad():  # the norms' first calls (each checks its fused form against its own)
                 body(input_ids=torch.tensor([[5, 6, 7]]), use_cache=False)
@@ -178,6 +180,9 @@ def test_bitwise_with_stacked_int8_layers(family, dtype):
             plan = lf._plan(body)
             with torch.no_grad():
                 assert all(layer.linears(3) is not None and layer.linears(1) is not None for layer in plan)
+                # the stacked kernel's input dtype is the kernel chosen: int8_bf16's scales are bfloat16
+                want = torch.bfloat16 if kernel == "int8_bf16" else dtype
+                assert all(group[1].dtype == want for layer in plan for group in layer.linears(1))
             if family == "gemma3":
                 assert all(layer.qk_norm is not None for layer in plan)
             for own, lean in pairs:
@@ -188,6 +193,38 @@ def test_bitwise_with_stacked_int8_layers(family, dtype):
             assert kernels._INT8[attn.k_proj][2].weight.data_ptr() > stacked.data_ptr()
             assert kernels._INT8[attn.k_proj][2].weight.untyped_storage().data_ptr() == \
                 stacked.untyped_storage().data_ptr()
+    finally:
+        kernels.forget_choices()
+        kernels.release(body)
+        lf._PLANS.pop(body, None)
+
+
+def test_layers_mixing_int8_and_int8_bf16_are_called_as_modules():
+    """Layers whose linears kept different int8 kernels (float32 and bfloat16 input) are not stacked: one stacked
+    call would run one of them for both (the modules run their own), and the forward stays bitwise the body's."""
+    from torch import nn
+
+    from hf_vocabspec import kernels
+
+    if not kernels.quantization_ops_available("int8"):
+        pytest.skip("no int8 kernel in this torch")
+    torch.manual_seed(0)
+    body = BODIES["llama"]().eval()
+    try:
+        with kernels.fast_linears(draft=(body,)):
+            _forced_int8(body, kernel="int8_bf16")
+            down = body.layers[0].mlp.down_proj
+            assert type(down) is nn.Linear
+            for r in range(1, 8):
+                kernels._DECIDED[kernels._fast_key(down, r, True)] = "int8"
+            lf._PLANS.pop(body, None)
+            pairs = _steps(body, lf.lean_forward, 1)
+            plan = lf._plan(body)
+            with torch.no_grad():
+                # (choices are keyed by shape: every layer's down projection kept "int8")
+                assert all(layer.linears(1) is None for layer in plan)
+            for own, lean in pairs:
+                assert torch.equal(own, lean)
     finally:
         kernels.forget_choices()
         kernels.release(body)
