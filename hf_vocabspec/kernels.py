@@ -401,10 +401,10 @@ def _prefill_candidates(dtype: torch.dtype | str) -> tuple[str, ...]:
 # Whether w8a8 is worth a trial on this machine: measured once per process (None: not yet), by ``int8_gemm_pays``.
 # Why: a trial runs each candidate three times per shape and prompt-length bucket, on the real prefill, and where
 # torch's int8 GEMM has no vector path it costs 25-50x float32's. Measured on machine F (AMD EPYC Zen 2, AVX2, no
-# VNNI, 2026-12-07): ``_int_mm`` took 129 ms for a 256 x 640 x 2048 product that ``F.linear`` did in 5 ms; its trials
-# put ~2 s into each new prompt-length bucket's prefill, and pair G's fp32 drafter averaged 57.8 ms a draft step
-# against 44.5 with its int8 copies (and so the fast prefill) off (8 ShareGPT prompts x 48 tokens,
-# scripts/bench_int8_copies.py). On machine E (VNNI) it ran ~3x float32.
+# VNNI, 2026-12-07): ``_int_mm`` took 129 ms for a 256 x 640 x 2048 product that ``F.linear`` did in 5 ms; pair G's
+# drafter's w8a8 trial calls took 6-42 ms against 0.3-2 ms (128 rows), a few hundred ms per new bucket, and it never
+# won. (In the 8-prompt job of scripts/bench_int8_copies.py the saving was within noise: 15.9 against 16.0 s.) On
+# machine E (VNNI) it ran ~3x float32.
 _INT8_GEMM_PAYS: bool | None = None
 
 
