@@ -17,16 +17,18 @@ from __future__ import annotations
 
 from collections import Counter
 
+from torch import nn
+
 from hf_vocabspec import kernels
 from hf_vocabspec.evaluation.benchmark import drafter_switch_job
 
 
 def kept_for_steps(drafter) -> dict:
     """The kernels the drafter's layer shapes kept for one-row draft steps (a count per kernel)."""
-    ours = {(m.weight.dtype, *m.weight.shape) for m in drafter.modules() if type(m).__name__ == "Linear"}
-    kept = Counter(c.chosen for c in kernels.choices()
-                   if c.key.draft and c.key.rows == 1 and (getattr(__import__("torch"), c.key.dtype),
-                                                             c.key.out_features, c.key.in_features) in ours)
+    ours = {(str(m.weight.dtype).removeprefix("torch."), *m.weight.shape)
+            for m in drafter.modules() if type(m) is nn.Linear}
+    kept = Counter(c.chosen for c in kernels.choices() if c.key.draft and c.key.rows == 1
+                   and (c.key.dtype, c.key.out_features, c.key.in_features) in ours)
     return {"kernels_kept_for_one_row_steps": dict(kept)}
 
 
