@@ -22,7 +22,7 @@ import torch
 
 from hf_vocabspec import trim_drafter
 from hf_vocabspec.coverage import count_assistant_tokens
-from hf_vocabspec.evaluation.benchmark import native_bf16
+from hf_vocabspec.kernels import native_bf16
 from hf_vocabspec.evaluation.lmeval import TASKS_DIR, VocabSpecLM
 from hf_vocabspec.evaluation.offline import load_chat_dataset, load_model, load_tokenizer
 

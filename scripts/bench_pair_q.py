@@ -36,10 +36,10 @@ from hf_vocabspec.evaluation.benchmark import (
     format_report,
     machine_info,
     method_rows,
-    native_bf16,
 )
 from hf_vocabspec.evaluation.data import eval_prompts, load_workload
 from hf_vocabspec.evaluation.offline import load_chat_dataset, load_model
+from hf_vocabspec.kernels import native_bf16
 
 TARGET = "offline:qwen2.5-coder-1.5b-instruct"
 DRAFTER = "offline:qwen2.5-coder-0.5b-instruct"

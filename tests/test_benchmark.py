@@ -136,12 +136,13 @@ def test_bench_cli_context_tokens_flag():
 
 
 def test_demo_pair_q_resolves_the_real_pair_and_its_drafter_dtype(monkeypatch):
+    from hf_vocabspec import kernels
     from hf_vocabspec.cli import evaluation as cli_eval
     from hf_vocabspec.evaluation import benchmark
 
     parser = build_parser()
     for native, dtype in ((True, "bfloat16"), (False, "float32")):
-        monkeypatch.setattr(benchmark, "native_bf16", lambda native=native: native)
+        monkeypatch.setattr(kernels, "native_bf16", lambda native=native: native)
         args = parser.parse_args(["demo", "--pair", "q"])
         cli_eval.resolve_pair(args)
         assert (args.target, args.drafter, args.drafter_dtype) == (

@@ -607,6 +607,34 @@ def test_trim_keeping_the_whole_vocabulary_runs_and_reports_1x(capsys, cli_model
             ([], ["--compile-draft-step"], ["--compile-draft-step", "auto"])] == ["off", "on", "auto"]
 
 
+
+def test_drafter_dtype_auto_is_the_default_and_follows_the_hardware(capsys, cli_model, tmp_path, monkeypatch):
+    """`--dtype auto` (the default of trim / select, `--drafter-dtype` of tune / bench) saves and times a bfloat16
+    drafter where a CUDA GPU or a CPU with bf16 hardware runs it, else float32 (bf16 is emulated there: slower)."""
+    import torch
+
+    from hf_vocabspec import kernels
+    from hf_vocabspec.cli._common import DTYPES
+
+    parse = build_parser().parse_args
+    assert parse(["trim"]).dtype == parse(["select", "--counts", "c"]).dtype == "auto"
+    assert parse(["tune"]).drafter_dtype == parse(["bench"]).drafter_dtype == "auto"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    model, chats = cli_model
+    for native, dtype in ((False, "float32"), (True, "bfloat16")):
+        monkeypatch.setattr(kernels, "native_bf16", lambda native=native: native)
+        assert DTYPES["auto"] is getattr(torch, dtype)
+        out = tmp_path / dtype
+        rc, err = run_cli(capsys, "trim", "--drafter", str(model), "--dataset", str(chats), "--k", "40",
+                          "--output", str(out))
+        assert rc == 0, err
+        assert json.loads((out / "config.json").read_text())["dtype"] == dtype
+    # a GPU with bf16 picks bfloat16 whatever the CPU
+    monkeypatch.setattr(kernels, "native_bf16", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert kernels.auto_drafter_dtype() is torch.bfloat16
+
 def test_batch_bench_header_names_the_draft_length_rounds_of_several_rows_use():
     """The batched bench's header states the L its rounds of several rows draft (the drafter's L with a confidence
     stop is capped there), not the drafter's own L alone; without a stop the two agree."""

@@ -11,7 +11,7 @@ import torch
 
 from hf_vocabspec import TrimmedDrafter, trim_drafter
 from hf_vocabspec.coverage import count_assistant_tokens
-from hf_vocabspec.evaluation.benchmark import native_bf16
+from hf_vocabspec.kernels import native_bf16
 from hf_vocabspec.evaluation.data import count_split, eval_prompts
 from hf_vocabspec.evaluation.offline import load_chat_dataset, load_model, load_tokenizer
 

@@ -12,7 +12,7 @@ import sys
 
 from .._io import first_line
 from . import evaluation, lmeval, pipeline, tune
-from ._common import UsageError, explicit_options
+from ._common import UsageError, explicit_options, resolve_auto_dtypes
 
 
 class _Parser(argparse.ArgumentParser):
@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         # bad command line stay fast); a command runs with them, as after `import hf_vocabspec`.
         from .. import generation  # noqa: F401  (routes assistant_model=<TrimmedDrafter> to our generator)
 
+        resolve_auto_dtypes(args)
         return args.func(args)
     except KeyboardInterrupt:
         if debug:

@@ -21,11 +21,15 @@ class _Dtypes(Mapping):
     """dtype name -> torch dtype, torch imported on first lookup: building the parser (``--help``, a bad command
     line) imports neither torch nor transformers (tests/test_cli.py checks it)."""
 
-    _NAMES = ("float32", "bfloat16", "float16")
+    _NAMES = ("auto", "float32", "bfloat16", "float16")
 
     def __getitem__(self, name: str):
         if name not in self._NAMES:
             raise KeyError(name)
+        if name == "auto":
+            from ..kernels import auto_drafter_dtype
+
+            return auto_drafter_dtype()
         import torch
 
         return getattr(torch, name)
@@ -38,6 +42,19 @@ class _Dtypes(Mapping):
 
 
 DTYPES = _Dtypes()
+
+
+def resolve_auto_dtypes(args) -> None:
+    """A parsed command's ``--dtype`` / ``--drafter-dtype`` "auto" as the dtype it stands for on this machine (what
+    the command then loads, times, saves and reports)."""
+    for name in ("dtype", "drafter_dtype"):
+        if getattr(args, name, None) == "auto":
+            setattr(args, name, str(DTYPES["auto"]).removeprefix("torch."))
+
+
+# --dtype / --drafter-dtype's help for "auto" (kernels.auto_drafter_dtype), the default where a drafter is made or timed
+AUTO_DTYPE_HELP = ("auto = bfloat16 where a CUDA GPU or a CPU with native bf16 (AVX-512 BF16, AMX) runs it, else "
+                   "float32 (bf16 is emulated there, and slower)")
 
 
 # --weight-quantization's choices: configuration.WEIGHT_QUANTIZATIONS and "none" (full precision), written out here

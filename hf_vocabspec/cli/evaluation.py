@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from ._common import (
+    AUTO_DTYPE_HELP,
     DTYPES,
     WEIGHT_QUANTIZATION_CHOICES,
     UsageError,
@@ -71,7 +72,7 @@ DEMO_PAIRS = {
 def resolve_pair(args) -> None:
     """Fill --target / --drafter / --drafter-dtype from --pair where not given (drafter dtype: bf16 where the
     CPU has native bf16, else fp32; a given --drafter-dtype wins)."""
-    from ..evaluation.benchmark import native_bf16
+    from ..kernels import native_bf16
 
     pair = DEMO_PAIRS[args.pair]
     if args.target is None:
@@ -378,7 +379,8 @@ def register(sub) -> None:
     b = sub.add_parser("bench", help="side-by-side benchmark: methods x vocabulary sizes x workloads x modes")
     b.add_argument("--target", default="offline:gemma-3-270m")
     b.add_argument("--drafter", default=None)
-    b.add_argument("--drafter-dtype", choices=sorted(DTYPES), default="bfloat16")
+    b.add_argument("--drafter-dtype", choices=sorted(DTYPES), default="auto",
+                   help=f"{AUTO_DTYPE_HELP} (default: %(default)s)")
     b.add_argument("--dataset", default="offline:sharegpt", help="domain the vocabulary is chosen on")
     b.add_argument("--count-examples", type=positive_int, default=4000)
     b.add_argument("--coverages", type=coverage_fraction, nargs="*", default=[0.9, 0.95, 0.99])

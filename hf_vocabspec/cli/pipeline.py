@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from ._common import (
+    AUTO_DTYPE_HELP,
     DTYPES,
     WEIGHT_QUANTIZATION_CHOICES,
     UsageError,
@@ -270,7 +271,7 @@ def cmd_trim(args) -> int:
               f"Pareto plot: {out / 'selection' / 'pareto.png'}")
     print(f"measured draft-step: {full_s * 1e3:.1f} ms full head -> {trimmed_s * 1e3:.1f} ms "
           f"trimmed ({speedup:.2f}x; body-only floor {measured.floor_seconds * 1e3:.1f} ms)")
-    print(f"saved to {out}")
+    print(f"saved to {out} ({args.dtype} weights)")
     if args.push_to_hub:
         from ..hub import EvalResultRow, push_drafter_to_hub
 
@@ -393,7 +394,8 @@ def register(sub) -> None:
                    help="conversations counted (fewer if that would leave under 500 held out)")
     selection_args(t)
     t.add_argument("--k", type=positive_int, default=None, help="keep exactly the top-k tokens (skips the search)")
-    t.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="drafter weights dtype")
+    t.add_argument("--dtype", choices=sorted(DTYPES), default="auto",
+                   help=f"drafter weights dtype ({AUTO_DTYPE_HELP}; default: %(default)s)")
     t.add_argument("--weight-quantization", choices=WEIGHT_QUANTIZATION_CHOICES, default="none",
                    help="weight-only quantized drafter (CPU int kernels; changes acceptance, never the output; "
                         "`hf-vocabspec tune --weight-quantizations none int8 int4` measures which pays)")
@@ -418,7 +420,8 @@ def register(sub) -> None:
     se = sub.add_parser("select", help="choose the kept vocabulary size: TPE under a coverage constraint")
     se.add_argument("--counts", required=True, help="counts file from `hf-vocabspec count`")
     se.add_argument("--drafter", default="offline:smollm2-135m-instruct", help="drafter whose step cost is modelled")
-    se.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="drafter dtype for the timing")
+    se.add_argument("--dtype", choices=sorted(DTYPES), default="auto",
+                    help=f"drafter dtype for the timing ({AUTO_DTYPE_HELP}; default: %(default)s)")
     selection_args(se)
     se.add_argument("--output", default="selection", help="directory for selection.json, pareto.png, latency.png")
     overwrite_arg(se)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ._common import (
+    AUTO_DTYPE_HELP,
     DTYPES,
     WEIGHT_QUANTIZATION_CHOICES,
     UsageError,
@@ -84,7 +85,8 @@ def register(sub) -> None:
     t = sub.add_parser("tune", help="choose kept size k, draft length L and context tokens together (predicted tokens/s)")
     t.add_argument("--target", default="offline:gemma-3-270m")
     t.add_argument("--drafter", default=None, help="untrimmed drafter (default: the target's weights)")
-    t.add_argument("--drafter-dtype", choices=sorted(DTYPES), default="bfloat16")
+    t.add_argument("--drafter-dtype", choices=sorted(DTYPES), default="auto",
+                   help=f"the drafter's dtype, timed and saved ({AUTO_DTYPE_HELP}; default: %(default)s)")
     t.add_argument("--dataset", default="offline:sharegpt")
     t.add_argument("--count-examples", type=positive_int, default=4000)
     t.add_argument("--conversations", type=positive_int, default=16, help="held-out conversations scored")

@@ -30,7 +30,7 @@ from ..cost import RoundModel, iid_acceptance, project_ssd_speedup
 from ..generation import SpeculationStats
 from ..generation.hooks import compiles_draft_step
 from ..hub import EvalResultRow
-from ..kernels import EXACT_ROWS, fast_linears, settle_choices, wants_fast_linears, wants_int8_copies
+from ..kernels import EXACT_ROWS, fast_linears, native_bf16, settle_choices, wants_fast_linears, wants_int8_copies
 from ..modeling import TrimmedDrafter
 from .data import eval_prompts, first_exchange, load_workload  # noqa: F401 (re-exported)
 
@@ -678,17 +678,6 @@ def median_ratio(r: MethodResult, base: MethodResult) -> dict:
     if not ratios:
         return {"median": None, "min": None, "max": None}
     return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
-
-
-def native_bf16() -> bool:
-    """True when the CPU computes bf16 natively (``avx512_bf16`` or ``amx_bf16`` in /proc/cpuinfo): there a
-    bf16 drafter is cheaper than fp32; elsewhere bf16 is emulated and slower, so drafters stay fp32."""
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("flags"):
-                flags = line.split(":", 1)[1].split()
-                return "avx512_bf16" in flags or "amx_bf16" in flags
-    return False
 
 
 def machine_info() -> dict:

@@ -30,6 +30,7 @@ import torch
 from .._io import atomic_write
 from ..configuration import check_weight_quantization
 from ..coverage import TokenCounts
+from ..kernels import auto_drafter_dtype
 from ..modeling import apply_weight_quantization
 from ..selection import DEFAULT_CONFIDENCE_THRESHOLDS, AcceptanceProfile, ThroughputModel, TuneResult, tune
 from ._format import cell as _f
@@ -426,7 +427,7 @@ def run_tune(
     ks: Sequence[int] | None = None,
     draft_lengths: Sequence[int] = DEFAULT_DRAFT_LENGTHS,
     mode: str = "greedy",
-    drafter_dtype: torch.dtype = torch.bfloat16,
+    drafter_dtype: torch.dtype | None = None,
     n_trials: int | None = None,
     storage=None,
     seed: int = 42,
@@ -452,7 +453,8 @@ def run_tune(
     (acceptance AND draft latency) and the one with the most predicted tokens/s is chosen and saved.
     ``compile_draft_step``: draft steps timed (and validated) compiled, as ``drafter.compile_draft_step = True`` runs
     them: the choice is for a drafter used that way, and the tuned drafter is saved with ``compile_draft_step`` on
-    (``config.compile_draft_step``: generate then runs its steps compiled; set it False to run them eager)."""
+    (``config.compile_draft_step``: generate then runs its steps compiled; set it False to run them eager).
+    ``drafter_dtype``: None = ``kernels.auto_drafter_dtype()`` (bfloat16 on a GPU or a CPU with bf16 hardware)."""
     if validate_on not in ("held-out", "scored"):
         raise ValueError(f"validate_on must be 'held-out' or 'scored'; got {validate_on!r}.")
     from ..coverage import count_assistant_tokens
@@ -467,7 +469,7 @@ def run_tune(
     counted, held_out = count_split(ds, count_examples)
     counts = count_assistant_tokens(counted, tokenizer, progress=False)
     target = load_model(target_name, dtype=torch.float32).eval()
-    drafter = load_model(drafter_name, dtype=drafter_dtype).eval()
+    drafter = load_model(drafter_name, dtype=drafter_dtype or auto_drafter_dtype()).eval()
     vocab = int(target.config.get_text_config().vocab_size)
     if ks is None:
         ks = sorted({counts.smallest_k_for_coverage(c) for c in coverages})
