@@ -319,6 +319,7 @@ DRAFTER_SETTINGS = {
     "use_fused_norms": "drafter.use_fused_norms",
     "use_fast_prefill": "drafter.use_fast_prefill",
     "use_lean_forward": "drafter.use_lean_forward",
+    "use_inference_mode": "drafter.use_inference_mode",
     "compile_draft_step": "drafter.compile_draft_step",
     "weight_quantization": "drafter.quantize_weights",
 }

@@ -232,6 +232,44 @@ def test_streamer_sees_what_target_only_streams(arch, batch):
     assert len(out) == len(ref) and all(torch.equal(a, b) for a, b in zip(ref, out))
 
 
+
+class InferenceProbe(LogitsProcessor):
+    """Records whether each call ran under torch.inference_mode (and changes nothing)."""
+
+    def __init__(self):
+        self.modes = []
+
+    def __call__(self, input_ids, scores):
+        self.modes.append(torch.is_inference_mode_enabled())
+        return scores
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_the_loop_runs_in_inference_mode_and_hands_back_plain_tensors(arch):
+    """The engine's loop runs under torch.inference_mode where the target's cache is dynamic
+    (``hooks.runs_in_inference_mode``: no autograd bookkeeping on a round's small ops); with a static cache, which
+    transformers may keep for the next call and write in place, or ``drafter.use_inference_mode = False``, it keeps
+    generate's no_grad. Either way the caller gets plain tensors back (writable in place, as target-only's are), the
+    next target-only call on the same model runs, and the output is target-only's."""
+    target, drafter = pair(arch)
+    ids, mask = prompts(1)
+    try:
+        for extra, switch, expected in (({}, True, True), ({"cache_implementation": "static"}, True, False),
+                                        ({}, False, False)):
+            drafter.use_inference_mode = switch
+            kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=8,
+                      return_dict_in_generate=True, output_scores=True, **extra)
+            probe = InferenceProbe()
+            out = target.generate(**kw, assistant_model=drafter, logits_processor=LogitsProcessorList([probe]))
+            assert probe.modes and set(probe.modes) == {expected}, probe.modes
+            assert not out.sequences.is_inference() and not any(s.is_inference() for s in out.scores)
+            ref = target.generate(**kw)  # target-only after it, on the model (and cache) the engine used
+            assert torch.equal(out.sequences, ref.sequences)
+            out.sequences[0, -1] = 0
+            out.scores[0].zero_()
+    finally:
+        drafter.__dict__.pop("use_inference_mode", None)
+
 def test_text_generation_pipeline_batches_exactly():
     target, drafter = pair("llama")
     tok = char_tokenizer()

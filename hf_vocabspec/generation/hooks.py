@@ -33,7 +33,7 @@ import inspect
 
 import torch
 from transformers import GenerationMixin
-from transformers.cache_utils import DynamicCache, StaticCache
+from transformers.cache_utils import DynamicCache, DynamicLayer, StaticCache
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .. import verify_head as _verify_head
@@ -346,12 +346,38 @@ def _run_engine(target, assistant, bound: dict, kernels: str = "F.linear (not ou
         compile_options=draft_compile_options(target, generation_config, compiled, compiled_draft),
         compile_fallible=compile_fallible)
     engine.stats.kernels = kernels
-    sequences = engine.run()
+    inference = runs_in_inference_mode(engine)
+    with torch.inference_mode(inference):
+        sequences = engine.run()
     assistant.last_speculation_stats = engine.stats
+    scores, logits = tuple(engine.scores), tuple(engine.raw_logits)
+    if inference:  # what the caller gets back is made outside inference mode, as target-only's is
+        sequences = sequences.clone()
+        scores, logits = tuple(s.clone() for s in scores), tuple(x.clone() for x in logits)
     if generation_config.return_dict_in_generate:
-        return GenerateDecoderOnlyOutput(sequences=sequences, scores=tuple(engine.scores) or None,
-                                         logits=tuple(engine.raw_logits) or None)
+        return GenerateDecoderOnlyOutput(sequences=sequences, scores=scores or None, logits=logits or None)
     return sequences
+
+
+def runs_in_inference_mode(engine: SpeculativeEngine) -> bool:
+    """Whether the engine's loop runs under ``torch.inference_mode`` (else under generate's ``no_grad``): unless a
+    step is compiled (its graphs are guarded on grad mode and their inputs' autograd keys) or the target's cache
+    holds other layers than dynamic ones (a static cache, which transformers may keep for the next call and write
+    in place: an inference tensor refuses in-place writes outside inference mode). A dynamic cache's layers grow by
+    ``torch.cat`` and crop by slicing, which inference tensors allow anywhere; the drafter's cache is the engine's.
+
+    ``drafter.use_inference_mode = False`` keeps no_grad (a caller whose own processors or criteria keep tensors made
+    during the call and write them in place after it, outside inference mode).
+
+    Why: no version counters and no autograd dispatch on each of a round's ~1,500 small ops. Measured on machine F
+    (AMD EPYC Zen 2, 2 cores, 2026-12-07; pair G's float32 default drafter, 4 ShareGPT prompts x 48 tokens x 3,
+    interleaved): 25.78 s under no_grad against 24.18 s with the whole loop in inference mode (6.2%), a draft step
+    27.1 against 25.0 ms; the drafter's forwards alone in it: 24.99 s. Outputs identical (it changes no value)."""
+    if not getattr(engine.step.model, "use_inference_mode", True):
+        return False
+    if engine.step.compiled or engine.target_call is not None:
+        return False
+    return all(isinstance(layer, DynamicLayer) for layer in engine.target_cache.cache.layers)
 
 
 def draft_compile_options(target, generation_config=None, compiled: bool = False,
