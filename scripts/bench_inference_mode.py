@@ -1,6 +1,7 @@
-"""The engine's loop under torch.inference_mode (the default where the target's cache is dynamic:
-generation.hooks.runs_in_inference_mode) against generate's no_grad (``drafter.use_inference_mode = False``), over a
-job of N prompts.
+"""The engine's loop under torch.inference_mode against generate's no_grad, over a job of N prompts.
+
+Inference mode is the default where the target's cache is dynamic and nothing is compiled
+(generation.hooks.runs_in_inference_mode); ``drafter.use_inference_mode = False`` keeps no_grad.
 
 One process, methods interleaved prompt by prompt (benchmark.compare_methods, one pass): target-only with the same
 fast linears, the default drafter (``trim_drafter`` at --coverage, no tune; float32 where the CPU has no native
