@@ -111,6 +111,13 @@ def _first_diff_margin(target, prompt: torch.Tensor, ours: list[int], ref: list[
     return {"position": n, "margin": float(top[0] - top[1])}
 
 
+def _as_baseline(fn):
+    """``fn()`` in target-only's grad mode (``benchmark.baseline_mode``: inference mode)."""
+    from .benchmark import baseline_mode
+
+    with baseline_mode("target"):
+        return fn()
+
 def run_batch_bench(cfg: BatchBenchConfig, out_dir, progress=None) -> dict:
     from ..configuration import capped_draft_length, set_draft_length
     from ..trimming import trim_drafter
@@ -161,9 +168,10 @@ def run_batch_bench(cfg: BatchBenchConfig, out_dir, progress=None) -> dict:
         for b in cfg.batch_sizes:
             ids, mask = batch_of(b)
             P = ids.shape[1]
-            calls = {"target only": lambda: [(target.generate(input_ids=ids, attention_mask=mask, **gen), P)],
-                     "target only (fast linears)": lambda: _with_fast_linears(
-                         target, lambda: [(target.generate(input_ids=ids, attention_mask=mask, **gen), P)]),
+            calls = {"target only": lambda: _as_baseline(
+                         lambda: [(target.generate(input_ids=ids, attention_mask=mask, **gen), P)]),
+                     "target only (fast linears)": lambda: _with_fast_linears(target, lambda: _as_baseline(
+                         lambda: [(target.generate(input_ids=ids, attention_mask=mask, **gen), P)])),
                      "trimmed speculative": lambda: [(target.generate(input_ids=ids, attention_mask=mask,
                                                                       assistant_model=trimmed, **gen), P)]}
             if full is not None:
