@@ -370,9 +370,9 @@ def runs_in_inference_mode(engine: SpeculativeEngine) -> bool:
     during the call and write them in place after it, outside inference mode).
 
     Why: no version counters and no autograd dispatch on each of a round's ~1,500 small ops. Measured on machine F
-    (AMD EPYC Zen 2, 2 cores, 2026-12-07; pair G's float32 default drafter, 4 ShareGPT prompts x 48 tokens x 3,
-    interleaved): 25.78 s under no_grad against 24.18 s with the whole loop in inference mode (6.2%), a draft step
-    27.1 against 25.0 ms; the drafter's forwards alone in it: 24.99 s. Outputs identical (it changes no value)."""
+    (AMD EPYC Zen 2, 2 cores, 2026-12-07; scripts/bench_inference_mode.py, pair G's float32 default drafter, 8
+    ShareGPT prompts x 48 tokens, interleaved): 1.60x -> 1.68x same-run target-only (itself in inference mode), a
+    draft step 27.7 -> 25.7 ms; docs/results/inference-mode-machine-f-2026-12-07.md. It changes no value."""
     if not getattr(engine.step.model, "use_inference_mode", True):
         return False
     if engine.step.compiled or engine.target_call is not None:
