@@ -118,6 +118,7 @@ def _as_baseline(fn):
     with baseline_mode("target"):
         return fn()
 
+
 def run_batch_bench(cfg: BatchBenchConfig, out_dir, progress=None) -> dict:
     from ..configuration import capped_draft_length, set_draft_length
     from ..trimming import trim_drafter

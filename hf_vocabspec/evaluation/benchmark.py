@@ -360,6 +360,7 @@ def baseline_mode(kind: str):
     fast linears, 6 ShareGPT prompts x 2): target-only 43.11 s under no_grad, 41.72 s in inference mode."""
     return torch.inference_mode() if kind == "target" else contextlib.nullcontext()
 
+
 def compare_methods(
     target,
     methods: Sequence[Method],
