@@ -68,7 +68,8 @@ __all__ = ["DRAFT_CANDIDATES", "EXACT_ROWS", "MARGIN", "MAX_ROWS", "MEMORY_SHARE
            "FastLinears", "KernelChoice", "KernelKey", "available", "choices", "compiled_int8_copies", "decided_int8",
            "fast_linears", "fused_norm", "fused_norm_scale", "fused_norms", "int8_linear", "packed_linear", "release",
            "rows_bucket", "settle_choices", "stacked_int8", "trials_run", "wants_fast_linears", "wants_fused_norms",
-           "auto_drafter_dtype", "int8_gemm_pays", "native_bf16", "w8a8_linear", "wants_fast_prefill", "wants_int8_copies", "widened_linear"]
+           "auto_drafter_dtype", "int8_gemm_pays", "native_bf16", "w8a8_linear", "wants_fast_prefill",
+           "wants_int8_copies", "widened_linear"]
 
 MAX_ROWS = 64
 # Timed calls per candidate (after one untimed call each) before choosing by median, and the speed-up the packed
@@ -436,7 +437,6 @@ def int8_gemm_pays() -> bool:
     return _INT8_GEMM_PAYS
 
 
-
 def native_bf16() -> bool:
     """True when the CPU computes bfloat16 natively (``avx512_bf16`` or ``amx_bf16`` in /proc/cpuinfo); elsewhere
     torch emulates bf16 arithmetic (slower than float32)."""
@@ -459,6 +459,7 @@ def auto_drafter_dtype() -> torch.dtype:
     native, bfloat16 is the faster drafter and half the size."""
     cuda = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     return torch.bfloat16 if cuda or native_bf16() else torch.float32
+
 
 def w8a8_linear(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
                 bias: torch.Tensor | None = None) -> torch.Tensor:
