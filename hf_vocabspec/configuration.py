@@ -54,6 +54,7 @@ MODEL_TYPE = "hf_vocabspec_trimmed_drafter"
 # Measured against L = 5 without a stop (issue #36, machine D, 2026-11-28, greedy, same-kernel target-only): pair Q
 # ShareGPT 0.89x -> 1.05x, HumanEval 1.88x -> 2.17x; pair G 1.36x -> 1.42x, 1.34x -> 1.44x
 # (docs/results/default-draft-policy-machine-d-2026-11-28.md).
+# The threshold is where a call starts: rounds of one row on a CPU adapt it (generation/confidence.py).
 DEFAULT_NUM_ASSISTANT_TOKENS = 12
 DEFAULT_CONFIDENCE_THRESHOLD = 0.4
 # Where a confidence stop cannot end the drafting early, the drafter's L is only a cap: SSD's trees (no stop) and
@@ -320,6 +321,7 @@ DRAFTER_SETTINGS = {
     "use_fast_prefill": "drafter.use_fast_prefill",
     "use_lean_forward": "drafter.use_lean_forward",
     "use_inference_mode": "drafter.use_inference_mode",
+    "adapt_confidence_threshold": "drafter.adapt_confidence_threshold",
     "compile_draft_step": "drafter.compile_draft_step",
     "weight_quantization": "drafter.quantize_weights",
 }

@@ -26,7 +26,7 @@ from marginals import (  # noqa: F401 (re-exported: other test modules import th
 from tiny import VOCAB, make_pair
 
 import hf_vocabspec
-from hf_vocabspec.generation import DraftVocabulary
+from hf_vocabspec.generation import DraftVocabulary, confidence
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +99,7 @@ def test_sampling_with_a_confidence_stop_is_lossless(llama_pair, batch, lagged, 
     gc = drafter.generation_config
     saved = gc.assistant_confidence_threshold, drafter.use_context_tokens
     drafter.use_context_tokens = False  # the draft space is then exactly the forward's kept rows
+    drafter.adapt_confidence_threshold = False  # the configured stop (the adapted one: the test below)
     try:
         with torch.no_grad():
             q = drafter(input_ids=PROMPT).logits[0, -1].float().softmax(-1)
@@ -116,4 +117,36 @@ def test_sampling_with_a_confidence_stop_is_lossless(llama_pair, batch, lagged, 
             first_round.append(drafter.last_speculation_stats.per_round_proposed[0])
     finally:
         gc.assistant_confidence_threshold, drafter.use_context_tokens = saved
+        del drafter.adapt_confidence_threshold
     assert set(first_round) == ({2, 3} if lagged else {1, 2}), first_round
+
+
+def test_sampling_with_an_adapted_stop_is_lossless(llama_pair, monkeypatch):
+    """The adapted stop (generation/confidence.py) moves the threshold between rounds on what earlier rounds showed:
+    the marginals stay the target's. Forced here to the most history-dependent schedule it could take: a choice every
+    round, stopping at once (0.99) after a round that accepted all its drafts and going on (0.02) after one that did
+    not; both thresholds are used."""
+    target, drafter, probe = llama_pair
+    gc = drafter.generation_config
+    saved = gc.assistant_confidence_threshold, drafter.use_context_tokens
+    drafter.use_context_tokens = False
+    gc.assistant_confidence_threshold = 0.5
+    last, used = {"all": True}, set()
+    record = confidence.StopModel.record
+
+    def recording(self, confidences, accepted, *args, **kwargs):
+        last["all"] = accepted >= len(confidences)
+        return record(self, confidences, accepted, *args, **kwargs)
+
+    def choose(self, current, cap):
+        used.add(0.99 if last["all"] else 0.02)
+        return 0.99 if last["all"] else 0.02
+
+    monkeypatch.setattr(confidence.StopModel, "record", recording)
+    monkeypatch.setattr(confidence.StopModel, "choose", choose)
+    monkeypatch.setattr(confidence, "EVERY", 1)
+    try:
+        check_lossless(target, drafter, {}, pruned_probe=probe, num_assistant_tokens=2, max_new_tokens=3)
+    finally:
+        gc.assistant_confidence_threshold, drafter.use_context_tokens = saved
+    assert used == {0.99, 0.02}, used

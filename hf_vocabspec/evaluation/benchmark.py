@@ -30,7 +30,8 @@ from ..cost import RoundModel, iid_acceptance, project_ssd_speedup
 from ..generation import SpeculationStats
 from ..generation.hooks import compiles_draft_step
 from ..hub import EvalResultRow
-from ..kernels import EXACT_ROWS, fast_linears, native_bf16, settle_choices, wants_fast_linears, wants_int8_copies
+from ..kernels import (EXACT_ROWS, auto_drafter_dtype, fast_linears, native_bf16, settle_choices, wants_fast_linears,
+                       wants_int8_copies)
 from ..modeling import TrimmedDrafter
 from .data import eval_prompts, first_exchange, load_workload  # noqa: F401 (re-exported)
 
@@ -838,12 +839,13 @@ class DefaultDrafterJob:
 
 
 def default_drafter_job(args) -> DefaultDrafterJob:
-    """The target (bf16 where the CPU has native bf16), the default drafter (``trim_drafter`` at ``args.coverage``
-    of the dataset's counts, no tune) and held-out prompts (up to 512 tokens) of ``default_drafter_job_args``."""
+    """The target and the default drafter (``trim_drafter`` at ``args.coverage`` of the dataset's counts, no tune),
+    both in ``kernels.auto_drafter_dtype`` (bf16 where the CPU has native bf16), and held-out prompts (up to 512
+    tokens) of ``default_drafter_job_args``."""
     from ..trimming import trim_drafter
     from .offline import load_model
 
-    dtype = torch.bfloat16 if native_bf16() else torch.float32
+    dtype = auto_drafter_dtype()  # what `trim --dtype auto` gives (the job's target runs in it too)
     work = load_workload(args.target, args.dataset, args.count_examples)
     k = work.counts.smallest_k_for_coverage(args.coverage)
     drafter = trim_drafter(load_model(args.drafter, dtype=dtype), work.counts.top_k(k), tokenizer=work.tokenizer,

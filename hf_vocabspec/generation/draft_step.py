@@ -215,11 +215,7 @@ class DraftStep:
         self.model = assistant
         self.trimmed = isinstance(assistant, TrimmedDrafter)
         self.do_sample = bool(do_sample)
-        self.confidence_threshold = float(confidence_threshold or 0.0)
-        # the threshold as a 0-d tensor of the laws' dtype: compared without wrapping a Python float every draft;
-        # on the host as the same float32 value (a host comparison decides as the device's would)
-        self._threshold = torch.tensor(self.confidence_threshold, dtype=torch.float32)
-        self.host_threshold = as_float32(self.confidence_threshold)
+        self.set_threshold(confidence_threshold)
         self.stats = stats if stats is not None else SpeculationStats()
         self.vocab = None
         self.rdk = None
@@ -408,6 +404,14 @@ class DraftStep:
         for name, value in zip(names, values):
             setattr(self.stats, name, getattr(self.stats, name) + value)
         self._counts = {}
+
+    def set_threshold(self, value: float | None) -> None:
+        """The confidence stop's threshold (0: none), also as a 0-d float32 tensor (compared without wrapping a Python
+        float every draft) and on the host as the same float32 value (a host comparison decides as the device's
+        would). The engine moves it between rounds where it adapts it (.confidence)."""
+        self.confidence_threshold = float(value or 0.0)
+        self._threshold = torch.tensor(self.confidence_threshold, dtype=torch.float32)
+        self.host_threshold = as_float32(self.confidence_threshold)
 
     def draw_with_confidence(self, logits: torch.Tensor):
         """(idx, probs, confidence (B, 1)): the draw and the drafter's probability of it, for transformers'

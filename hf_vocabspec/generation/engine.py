@@ -78,6 +78,7 @@ from ..compatibility import target_rows
 from ..configuration import SPECULATION_MODES
 from ..kernels import trials_run
 from ..modeling import cache_kwarg
+from . import confidence
 from .constraints import TrackedConstraint, draft_constraint_for
 from .draft_step import DraftStep, engine_cache, graph_call
 from .host import LaggedRead, lags_reads, read, upload
@@ -525,6 +526,16 @@ class SpeculativeEngine:
         except TypeError:  # an assistant that cannot be weakly referenced: every call probes
             self.memory = _Memory()
         self.measured: list[Measured] = self.memory.recall(self.setting) if self.speculation == "auto" else []
+        # the confidence stop adapted (.confidence): rounds of one row whose drafts' confidences are read on the host
+        # anyway (a CPU, no draft constraint, processors without state)
+        self.stop = None
+        self.confidences: list[float] = []  # this round's drafts' confidences (where ``stop`` records them)
+        configured = self.step.confidence_threshold
+        if configured > 0 and B == 1 and not self.lagged_stop and self.constraint is None and not self.stepwise \
+                and confidence.adapts(assistant):
+            self.stop = confidence.stop_model(assistant, (*self.setting, configured))
+            self.configured_threshold = configured
+            self._set_threshold(self.stop.choose(self.stop.threshold or configured, self.L))
 
     # ---- helpers -------------------------------------------------------------------------------------------
     @property
@@ -728,6 +739,8 @@ class SpeculativeEngine:
             if ended is not None:  # one read of the drafts and their probabilities: the host finds the ends
                 seen, sure = read((d.token, d.confidence), self.stats)
                 ended = [e or c < threshold or t in self.eos_set for e, (t,), (c,) in zip(ended, seen, sure)]
+                if self.stop is not None:
+                    self.confidences.append(sure[0][0])
                 if all(ended):
                     break
             elif watch:
@@ -1035,6 +1048,9 @@ class SpeculativeEngine:
         t_verify = time.perf_counter()
         self.stats.draft_seconds += t_draft - start
         self.stats.verify_seconds += t_verify - t_draft
+        if self.stop is not None:
+            self._adapt_stop(acc[0], props[0], t_draft - start, feed.shape[1], t_verify - t_draft,
+                             timed=fresh.shape[1] == 1)
         rows_before = len(self.row_list)
         emitted = self._emit(draft_rows, acc, new, logits, raw)
         counted = (acc, props) if L <= budget else ([min(a, budget) for a in acc], [min(p, budget) for p in props])
@@ -1043,6 +1059,22 @@ class SpeculativeEngine:
         T = self.seq.shape[1]
         self._advance(drafts, [T + a for a in acc], new, new_column)
         return emitted
+
+    def _set_threshold(self, value: float) -> None:
+        if value != self.step.confidence_threshold or not self.stats.confidence_stop:
+            self.step.set_threshold(value)
+            self.stats.confidence_stop = (f"{value:g} (adapted from {self.configured_threshold:g}; "
+                                          f"{self.stop.judged.sum():.0f} judged drafts, {len(self.stop.verifying)} "
+                                          "timed rounds)")
+
+    def _adapt_stop(self, accepted: int, proposed: int, draft_seconds: float, positions: int,
+                    verify_seconds: float, timed: bool) -> None:
+        """Record a round of one row for the adapted confidence stop (.confidence) and, every few rounds, move the
+        threshold to its choice. ``timed``: the round neither prefilled nor fed more than the last token."""
+        seen, self.confidences = self.confidences, []
+        self.stop.record(seen[:proposed], accepted, len(seen), draft_seconds, positions, verify_seconds, timed=timed)
+        if self.stop.rounds_since >= confidence.EVERY:
+            self._set_threshold(self.stop.choose(self.step.confidence_threshold, self.L))
 
     def _count_round(self, rows: int, accepted: list[int], proposed: list[int], adapt: bool = True) -> None:
         """A round's counters; ``adapt``: transformers' heuristic schedule (on the whole batch) moves L after it

@@ -45,6 +45,7 @@ class SpeculationStats:
     host_syncs: int = 0  # device-to-host reads of the loop (rounds and plain steps; generation/host.py)
     setup_syncs: int = 0  # device-to-host reads made once per call (prompt layout, EOS ids, final counters)
     lagged_reads: int = 0  # the confidence stop's flag read one draft late on a GPU (host.LaggedRead: no device stall)
+    confidence_stop: str = ""  # the adapted confidence stop's latest threshold and its evidence (generation/confidence.py)
     decisions: list[str] = field(default_factory=list)  # batched "auto": each switch and its measured evidence
     per_round_accepted: list[int] = field(default_factory=list)
     per_round_proposed: list[int] = field(default_factory=list)
