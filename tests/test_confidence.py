@@ -166,8 +166,8 @@ def test_the_engine_adapts_the_stop_and_output_stays_the_targets(monkeypatch):
         assert torch.equal(out, ref)
     stop = drafter.last_speculation_stats.confidence_stop
     (model,) = confidence.recorded(drafter).values()
-    assert len(model.verifying) >= confidence.MIN_ROUNDS
-    assert all(m >= 2 and f >= 1 and s > 0 for (m, _), (f, s) in zip(model.verifying, model.drafting))
+    assert len(model.timed) >= confidence.MIN_ROUNDS
+    assert all(m == f + 1 and d > 0 and v > 0 for f, d, m, v in model.timed)  # a verify: last token + the drafts
     assert "adapted from 0.9" in stop and float(stop.split()[0]) < 0.9, stop
     drafter.adapt_confidence_threshold = False
     ids = calls[0]

@@ -20,7 +20,8 @@ A round at threshold t with at most L drafts then has E[drafts] = sum_k sum_j d_
 e_k[j], where d_1 = pi0, e_1 = pi0 a, d_{k+1} = (d_k 1{j >= t}) T and e_{k+1} = ((e_k 1{j >= t}) T) a, and its tokens
 per second are (1 + E[accepted]) / (t_d E[drafts] + v0 + v1 (1 + E[drafts])). :meth:`StopModel.choose` takes the best
 threshold of ``GRID`` (and the one in use) if it models ``MIN_GAIN`` more, going down at most one seen bin at a time
-(the chain below the threshold in use was never seen: a step down shows it before the next).
+(the chain below the threshold in use was never seen: a step down shows it before the next), every ``EVERY`` rounds
+(``FOLLOW_UP`` after a choice that moved it).
 
 Exactness: the threshold decides how many drafts a round proposes, never what is output (verification judges every
 draft). Scope: rounds of one row whose confidences the loop reads on the host anyway (a CPU, no draft constraint:
@@ -31,6 +32,7 @@ keeps the configured threshold.
 
 from __future__ import annotations
 
+import bisect
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
@@ -42,88 +44,112 @@ __all__ = ["GRID", "MIN_GAIN", "MIN_OUTCOMES", "MIN_ROUNDS", "StopModel", "adapt
 # Thresholds the choice ranges over (never 0: a stop that is off would read no more confidences to learn from); the
 # confidence bins' edges.
 GRID = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-EDGES = np.array(GRID)
 BINS = len(GRID) + 1
 PRIOR_DRAFTS = 2.0  # each bin's (and each chain row's) prior: this many drafts at the pooled rate / distribution
 MIN_OUTCOMES = 32  # judged drafts before the first choice
 MIN_ROUNDS = 8  # timed rounds before the first choice
 MIN_GAIN = 1.02  # a threshold replaces the one in use only for this much more modelled tokens per second
-EVERY = 8  # rounds between choices (a choice is ~0.1 ms: amortised over near-free rounds too)
+EVERY = 16  # rounds between choices once settled (a choice is ~0.13 ms of numpy: amortised over near-free rounds)
+FOLLOW_UP = 2  # rounds before the next choice after one that moved the threshold (a job of short calls learns fast)
 KEEP_DRAFTS, KEEP_ROUNDS = 4096, 256  # counts are halved past this many drafts; timed rounds kept
 
 
 def bin_of(c: float) -> int:
     """The confidence bin of ``c``: how many of ``GRID``'s thresholds it reaches (a stop at GRID[i] ends the round
     after a draft of bin <= i)."""
-    return int(np.searchsorted(EDGES, c, side="right"))
+    return bisect.bisect_right(GRID, c)
+
+
+# _GOES_ON[i]: per bin, whether drafting goes on after a draft of it under a threshold of bin_of == i
+_GOES_ON = np.array([[float(b >= i) for b in range(BINS)] for i in range(BINS + 1)])
 
 
 @dataclass
 class StopModel:
-    """What one (drafter, target, setting)'s rounds showed, and the threshold they chose."""
+    """What one (drafter, target, setting)'s rounds showed, and the threshold they chose. Counts are plain lists
+    (a round's record is a few list updates: the loop pays it every round); the choice makes arrays of them."""
 
     threshold: float | None = None  # the latest choice (None: none made yet)
-    first: np.ndarray = field(default_factory=lambda: np.zeros(BINS))  # first drafts' bins
-    chain: np.ndarray = field(default_factory=lambda: np.zeros((BINS, BINS)))  # draft bin -> next draft's bin
-    judged: np.ndarray = field(default_factory=lambda: np.zeros(BINS))  # judged drafts per bin
-    hits: np.ndarray = field(default_factory=lambda: np.zeros(BINS))  # accepted drafts per bin
-    drafting: deque = field(default_factory=lambda: deque(maxlen=KEEP_ROUNDS))  # (forwards, seconds)
-    verifying: deque = field(default_factory=lambda: deque(maxlen=KEEP_ROUNDS))  # (positions, seconds)
+    first: list = field(default_factory=lambda: [0.0] * BINS)  # first drafts' bins
+    chain: list = field(default_factory=lambda: [0.0] * (BINS * BINS))  # [i * BINS + j]: bin i's next draft in j
+    judged: list = field(default_factory=lambda: [0.0] * BINS)  # judged drafts per bin
+    hits: list = field(default_factory=lambda: [0.0] * BINS)  # accepted drafts per bin
+    judged_drafts: float = 0.0
+    timed: deque = field(default_factory=lambda: deque(maxlen=KEEP_ROUNDS))  # (forwards, s, positions, s)
+    sums: list = field(default_factory=lambda: [0.0] * 6)  # of the timed: forwards, s, positions, s, m^2, m s
     rounds_since: int = 0
+    moved: bool = False  # the latest choice moved the threshold: the next comes after FOLLOW_UP rounds, not EVERY
 
     def record(self, confidences: list[float], accepted: int, forwards: int, draft_seconds: float,
                positions: int, verify_seconds: float, timed: bool = True) -> None:
         """One row's round: the confidences of its proposed drafts in order, how many were accepted, and (``timed``)
         its drafter forwards and verify positions with their seconds."""
-        bins = [bin_of(c) for c in confidences]
-        if bins:
+        if confidences:
+            bins = [bisect.bisect_right(GRID, c) for c in confidences]
             self.first[bins[0]] += 1
-        for i, j in zip(bins, bins[1:]):
-            self.chain[i, j] += 1
-        for k, b in enumerate(bins[: accepted + 1]):  # the accepted ones and the first rejected (if any)
-            self.judged[b] += 1
-            self.hits[b] += k < accepted
-        if self.judged.sum() > KEEP_DRAFTS:  # older rounds count half: the record follows the text
-            for a in (self.first, self.chain, self.judged, self.hits):
-                a *= 0.5
+            for i, j in zip(bins, bins[1:]):
+                self.chain[i * BINS + j] += 1
+            judged = bins[: accepted + 1]  # the accepted ones and the first rejected (if any)
+            for k, b in enumerate(judged):
+                self.judged[b] += 1
+                if k < accepted:
+                    self.hits[b] += 1
+            self.judged_drafts += len(judged)
+            if self.judged_drafts > KEEP_DRAFTS:  # older rounds count half: the record follows the text
+                for counts in (self.first, self.chain, self.judged, self.hits):
+                    counts[:] = [x / 2 for x in counts]
+                self.judged_drafts /= 2
         if timed and forwards:
-            self.drafting.append((forwards, draft_seconds))
-            self.verifying.append((positions, verify_seconds))
+            if len(self.timed) == self.timed.maxlen:
+                self._add(self.timed[0], -1.0)
+            entry = (forwards, draft_seconds, positions, verify_seconds)
+            self.timed.append(entry)
+            self._add(entry, 1.0)
         self.rounds_since += 1
+
+    def _add(self, entry: tuple, sign: float) -> None:
+        """The timed rounds' running sums (``costs`` reads them: no pass over the rounds per choice)."""
+        f, d, m, v = entry
+        for k, x in enumerate((f, d, m, v, m * m, m * v)):
+            self.sums[k] += sign * x
 
     def acceptance(self) -> np.ndarray:
         """a(bin): each bin's accepted share of its judged drafts, shrunk towards the overall rate."""
-        overall = (self.hits.sum() + 1) / (self.judged.sum() + 2)
-        return (self.hits + PRIOR_DRAFTS * overall) / (self.judged + PRIOR_DRAFTS)
+        hits, judged = np.array(self.hits), np.array(self.judged)
+        overall = (hits.sum() + 1) / (judged.sum() + 2)
+        return (hits + PRIOR_DRAFTS * overall) / (judged + PRIOR_DRAFTS)
 
     def transitions(self) -> np.ndarray:
         """T[i, j]: the next draft's bin after a draft of bin i, each row shrunk towards the pooled distribution."""
-        pooled = (self.chain.sum(axis=0) + self.first + 1) / (self.chain.sum() + self.first.sum() + BINS)
-        return (self.chain + PRIOR_DRAFTS * pooled) / (self.chain.sum(axis=1, keepdims=True) + PRIOR_DRAFTS)
+        chain, first = np.array(self.chain).reshape(BINS, BINS), np.array(self.first)
+        pooled = (chain.sum(axis=0) + first + 1) / (chain.sum() + first.sum() + BINS)
+        return (chain + PRIOR_DRAFTS * pooled) / (chain.sum(axis=1, keepdims=True) + PRIOR_DRAFTS)
 
     def costs(self) -> tuple[float, float, float]:
         """(t_d, v0, v1): a draft step's seconds and a verify of m positions' v0 + v1 m (v0, v1 >= 0)."""
-        f = np.array(self.drafting)
-        t_d = f[:, 1].sum() / f[:, 0].sum()
-        ms, ss = np.array(self.verifying).T
-        var = ((ms - ms.mean()) ** 2).sum()
-        v1 = max(0.0, float(((ms - ms.mean()) * (ss - ss.mean())).sum() / var)) if var > 0 else 0.0
-        return float(t_d), max(0.0, float(ss.mean() - v1 * ms.mean())), v1
+        forwards, drafting, sum_m, sum_s, sum_mm, sum_ms = self.sums
+        n = len(self.timed)
+        mean_m, mean_s = sum_m / n, sum_s / n
+        var = sum_mm - n * mean_m * mean_m
+        cov = sum_ms - n * mean_m * mean_s
+        v1 = max(0.0, cov / var) if var > 1e-9 * max(1.0, sum_mm) else 0.0
+        return drafting / forwards, max(0.0, mean_s - v1 * mean_m), v1
 
     def expected(self, thresholds, cap: int) -> tuple[np.ndarray, np.ndarray]:
         """(E[drafts], E[accepted]) of a round at each of ``thresholds`` with at most ``cap`` drafts."""
-        go = np.array([[b >= bin_of(t) for b in range(BINS)] for t in thresholds], dtype=float)  # drafting goes on
-        pi0 = (self.first + 1) / (self.first.sum() + BINS)
+        go = np.array([_GOES_ON[bin_of(t)] for t in thresholds])  # where drafting goes on after a draft
+        first = np.array(self.first)
+        pi0 = (first + 1) / (first.sum() + BINS)
         a, T = self.acceptance(), self.transitions()
-        d = np.tile(pi0, (len(thresholds), 1))
-        e = d * a
-        drafts, accepted = d.sum(axis=1), e.sum(axis=1)
+        G = len(thresholds)
+        x = np.concatenate([np.tile(pi0, (G, 1)), np.tile(pi0 * a, (G, 1))])  # rows: d_k per threshold, then e_k
+        go, total = np.concatenate([go, go]), x.copy()
         for _ in range(cap - 1):
-            d = (d * go) @ T
-            e = ((e * go) @ T) * a
-            drafts += d.sum(axis=1)
-            accepted += e.sum(axis=1)
-        return drafts, accepted
+            x = (x * go) @ T
+            x[G:] *= a
+            total += x
+        sums = total.sum(axis=1)
+        return sums[:G], sums[G:]
 
     def rates(self, thresholds, cap: int) -> np.ndarray:
         """Modelled tokens per second of rounds at each of ``thresholds`` (see the module docstring)."""
@@ -131,8 +157,12 @@ class StopModel:
         drafts, accepted = self.expected(thresholds, cap)
         return (1.0 + accepted) / (t_d * drafts + v0 + v1 * (1.0 + drafts))
 
+    def due(self) -> bool:
+        """Whether the engine should choose again: EVERY rounds since the last choice (FOLLOW_UP after a move)."""
+        return self.rounds_since >= (FOLLOW_UP if self.moved else EVERY)
+
     def ready(self) -> bool:
-        return self.judged.sum() >= MIN_OUTCOMES and len(self.verifying) >= MIN_ROUNDS
+        return self.judged_drafts >= MIN_OUTCOMES and len(self.timed) >= MIN_ROUNDS
 
     def choose(self, current: float, cap: int) -> float:
         """The threshold to draft with next: the best of ``GRID`` by modelled rate if it beats ``current``'s by
@@ -142,7 +172,7 @@ class StopModel:
         if not self.ready():
             return current
         # down to the first threshold that lets drafts of one more seen bin go on (empty bins skipped)
-        seen = self.first + self.chain.sum(axis=0)
+        seen = [f + sum(self.chain[j::BINS]) for j, f in enumerate(self.first)]
         b = bin_of(current) - 1
         while b > 0 and not seen[b]:
             b -= 1
@@ -150,7 +180,7 @@ class StopModel:
         rates = self.rates([current, *options], cap)
         best = int(np.argmax(rates[1:]))
         chosen = options[best] if rates[1 + best] > MIN_GAIN * rates[0] else current
-        self.threshold = chosen
+        self.threshold, self.moved = chosen, chosen != current
         return chosen
 
 

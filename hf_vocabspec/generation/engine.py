@@ -1064,7 +1064,7 @@ class SpeculativeEngine:
         if value != self.step.confidence_threshold or not self.stats.confidence_stop:
             self.step.set_threshold(value)
             self.stats.confidence_stop = (f"{value:g} (adapted from {self.configured_threshold:g}; "
-                                          f"{self.stop.judged.sum():.0f} judged drafts, {len(self.stop.verifying)} "
+                                          f"{self.stop.judged_drafts:.0f} judged drafts, {len(self.stop.timed)} "
                                           "timed rounds)")
 
     def _adapt_stop(self, accepted: int, proposed: int, draft_seconds: float, positions: int,
@@ -1073,7 +1073,7 @@ class SpeculativeEngine:
         threshold to its choice. ``timed``: the round neither prefilled nor fed more than the last token."""
         seen, self.confidences = self.confidences, []
         self.stop.record(seen[:proposed], accepted, len(seen), draft_seconds, positions, verify_seconds, timed=timed)
-        if self.stop.rounds_since >= confidence.EVERY:
+        if self.stop.due():
             self._set_threshold(self.stop.choose(self.step.confidence_threshold, self.L))
 
     def _count_round(self, rows: int, accepted: list[int], proposed: list[int], adapt: bool = True) -> None:
