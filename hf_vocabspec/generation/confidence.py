@@ -19,9 +19,9 @@ negatives); this one weighs what a threshold buys against what it costs on this 
 A round at threshold t with at most L drafts then has E[drafts] = sum_k sum_j d_k[j] and E[accepted] = sum_k sum_j
 e_k[j], where d_1 = pi0, e_1 = pi0 a, d_{k+1} = (d_k 1{j >= t}) T and e_{k+1} = ((e_k 1{j >= t}) T) a, and its tokens
 per second are (1 + E[accepted]) / (t_d E[drafts] + v0 + v1 (1 + E[drafts])). :meth:`StopModel.choose` takes the best
-threshold of ``GRID`` (and the one in use) if it models ``MIN_GAIN`` more, going down at most one seen bin at a time
-(the chain below the threshold in use was never seen: a step down shows it before the next), every ``EVERY`` rounds
-(``FOLLOW_UP`` after a choice that moved it).
+threshold of ``GRID`` if it models ``MIN_GAIN`` more than the one in use (``MIN_GAIN_DOWN`` below it, and only one seen
+bin at a time: the chain below the threshold in use was never seen, a step down shows it before the next), every
+``EVERY`` rounds (``FOLLOW_UP`` after a choice that moved it).
 
 Exactness: the threshold decides how many drafts a round proposes, never what is output (verification judges every
 draft). Scope: rounds of one row whose confidences the loop reads on the host anyway (a CPU, no draft constraint:
@@ -39,7 +39,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["GRID", "MIN_GAIN", "MIN_OUTCOMES", "MIN_ROUNDS", "StopModel", "adapts", "bin_of", "recorded", "stop_model"]
+__all__ = ["GRID", "MIN_GAIN", "MIN_GAIN_DOWN", "MIN_OUTCOMES", "MIN_ROUNDS", "StopModel", "adapts", "bin_of", "recorded",
+           "stop_model"]
 
 # Thresholds the choice ranges over (never 0: a stop that is off would read no more confidences to learn from); the
 # confidence bins' edges.
@@ -48,7 +49,12 @@ BINS = len(GRID) + 1
 PRIOR_DRAFTS = 2.0  # each bin's (and each chain row's) prior: this many drafts at the pooled rate / distribution
 MIN_OUTCOMES = 32  # judged drafts before the first choice
 MIN_ROUNDS = 8  # timed rounds before the first choice
-MIN_GAIN = 1.02  # a threshold replaces the one in use only for this much more modelled tokens per second
+MIN_GAIN = 1.02  # a higher threshold replaces the one in use only for this much more modelled tokens per second
+# ... and a lower one only for this much: below the threshold in use the model is optimistic. Measured on pair G
+# (machine F, 2026-12-07, 48-token calls): its E[accepted] ran 10-17% above the rounds' own at every threshold (the
+# budget cuts each call's last round; rejections cluster beyond what the chain's bins carry), which favours long
+# rounds: with 1.02 both ways it went on down to 0.05 (1.69x) where it had settled at 0.1 before (1.79x).
+MIN_GAIN_DOWN = 1.05
 EVERY = 16  # rounds between choices once settled (a choice is ~0.13 ms of numpy: amortised over near-free rounds)
 FOLLOW_UP = 2  # rounds before the next choice after one that moved the threshold (a job of short calls learns fast)
 KEEP_DRAFTS, KEEP_ROUNDS = 4096, 256  # counts are halved past this many drafts; timed rounds kept
@@ -165,21 +171,25 @@ class StopModel:
         return self.judged_drafts >= MIN_OUTCOMES and len(self.timed) >= MIN_ROUNDS
 
     def choose(self, current: float, cap: int) -> float:
-        """The threshold to draft with next: the best of ``GRID`` by modelled rate if it beats ``current``'s by
-        ``MIN_GAIN``, else ``current`` (also while the records are too few); down at most to where drafts of one
-        more bin that drafts were seen in go on (their chain row is the prior until then)."""
+        """The threshold to draft with next: where the modelled rate is highest among ``GRID`` if it beats
+        ``current``'s by ``MIN_GAIN`` (above ``current``: what the rounds showed) or ``MIN_GAIN_DOWN`` (below it: one
+        step at a time, to where drafts of one more bin that drafts were seen in go on, their chain row the prior
+        until then); else ``current`` (also while the records are too few)."""
         self.rounds_since = 0
         if not self.ready():
             return current
-        # down to the first threshold that lets drafts of one more seen bin go on (empty bins skipped)
-        seen = [f + sum(self.chain[j::BINS]) for j, f in enumerate(self.first)]
-        b = bin_of(current) - 1
-        while b > 0 and not seen[b]:
-            b -= 1
-        options = [t for t in GRID if t >= GRID[max(b - 1, 0)]]
-        rates = self.rates([current, *options], cap)
+        rates = self.rates([current, *GRID], cap)
         best = int(np.argmax(rates[1:]))
-        chosen = options[best] if rates[1 + best] > MIN_GAIN * rates[0] else current
+        gain = rates[1 + best] / rates[0]
+        chosen = current
+        if GRID[best] > current and gain > MIN_GAIN:
+            chosen = GRID[best]
+        elif GRID[best] < current and gain > MIN_GAIN_DOWN:
+            seen = [f + sum(self.chain[j::BINS]) for j, f in enumerate(self.first)]
+            b = bin_of(current) - 1  # the highest seen bin below the threshold in use (empty bins skipped)
+            while b > 0 and not seen[b]:
+                b -= 1
+            chosen = max(GRID[best], GRID[max(b - 1, 0)])
         self.threshold, self.moved = chosen, chosen != current
         return chosen
 
