@@ -1,10 +1,11 @@
 """The confidence stop, adapted: the threshold under which a round's modelled tokens per second are highest.
 
-A round drafts until the drafter gives a draft less than the threshold (transformers' ``assistant_confidence_threshold``,
-proposing that draft), or L drafts. Which threshold pays depends on the pair and the machine: a drafter that is the
-target's own body with a trimmed head (pair G) has its drafts accepted even where it is unsure, so a stop at 0.4 ends
-rounds that would have gone on (machine F, 2026-12-07, greedy, L = 12: 1.75x at 0.4, 1.89x at 0.1); a smaller drafter
-(pair Q) is right to stop there (1.27x at 0.4, 0.79x at 0.1). transformers' own loop adapts its threshold too
+A round drafts until the drafter gives a draft less than the threshold (transformers'
+``assistant_confidence_threshold``, proposing that draft), or L drafts. Which threshold pays depends on the pair and
+the machine: a drafter that is the target's own body with a trimmed head (pair G) has its drafts accepted even where
+it is unsure, so a stop at 0.4 ends rounds that would have gone on (machine F, 2026-12-07, greedy, L = 12, a probe
+sweeping fixed thresholds: 1.75x at 0.4, 1.89x at 0.1); a smaller drafter (pair Q) is right to stop there (1.27x at
+0.4, 0.79x at 0.1). transformers' own loop adapts its threshold too
 (``AssistedCandidateGenerator.update_candidate_strategy``: an ROC cost, false positives plus three times false
 negatives); this one weighs what a threshold buys against what it costs on this machine:
 
@@ -39,8 +40,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["GRID", "MIN_GAIN", "MIN_GAIN_DOWN", "MIN_OUTCOMES", "MIN_ROUNDS", "StopModel", "adapts", "bin_of", "recorded",
-           "stop_model"]
+__all__ = ["GRID", "MIN_GAIN", "MIN_GAIN_DOWN", "MIN_OUTCOMES", "MIN_ROUNDS", "StopModel", "adapts", "bin_of",
+           "recorded", "stop_model"]
 
 # Thresholds the choice ranges over (never 0: a stop that is off would read no more confidences to learn from); the
 # confidence bins' edges.
