@@ -800,6 +800,7 @@ def test_confidence_threshold_stops_rows_at_every_batch_size(batch, lagged, monk
     unsure one, and the output is still target-only's. ``lagged``: the stop's flag read one draft late (as on a GPU,
     host.LaggedRead): no read per drafted position (one per round), the same output, a draft more where it stops."""
     monkeypatch.setattr("hf_vocabspec.generation.engine.lags_reads", lambda device: lagged)
+    monkeypatch.setattr(pair("llama")[1], "adapt_confidence_threshold", False, raising=False)  # the configured stop
     ref, out = run_case("llama", batch, "confidence_threshold")
     assert torch.equal(out, ref)
     stats = pair("llama")[1].last_speculation_stats

@@ -421,6 +421,7 @@ def test_fresh_drafter_drafts_up_to_12_and_stops_below_confidence_0_4(pair, libr
 
     target, base = pair
     drafter = trim_drafter(base, range(VOCAB))
+    drafter.adapt_confidence_threshold = False  # the configured stop (generation/confidence.py adapts it)
     gc = drafter.generation_config
     assert (DEFAULT_NUM_ASSISTANT_TOKENS, DEFAULT_CONFIDENCE_THRESHOLD) == (12, 0.4)
     assert (gc.num_assistant_tokens, gc.assistant_confidence_threshold, gc.num_assistant_tokens_schedule) == \

@@ -33,10 +33,11 @@ def test_num_assistant_tokens_from_drafter_config_and_from_generate(pair):
     drafter.generation_config.num_assistant_tokens = 5
 
 
-def test_a_drafter_config_left_unset_drafts_on_transformers_defaults(pair):
+def test_a_drafter_config_left_unset_drafts_on_transformers_defaults(pair, monkeypatch):
     """transformers 5 leaves a GenerationConfig's drafting fields None (its defaults: L=20, stop below 0.4): a
     trimmed drafter whose config leaves them unset drafts as HF's own loop would, not on our batched fallback (5)."""
     target, drafter = pair
+    monkeypatch.setattr(drafter, "adapt_confidence_threshold", False, raising=False)  # the configured stop
     saved = drafter.generation_config
     drafter.generation_config = GenerationConfig(pad_token_id=0)
     try:

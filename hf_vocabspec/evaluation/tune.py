@@ -609,8 +609,9 @@ def validate_tuned(
 
         def prepare(d=drafters[k], n=n, t=t):  # untimed, before each call: this method's schedule
             set_draft_length(d.generation_config, n, t)
-        methods.append(Method(name(k, n, t), drafters[k], prepare=prepare,
-                              attrs={"compile_draft_step": True} if compile_draft_step else {}))
+        # each cell's stop as configured (not adapted, generation/confidence.py): what the model predicted for it
+        attrs = {"adapt_confidence_threshold": False, **({"compile_draft_step": True} if compile_draft_step else {})}
+        methods.append(Method(name(k, n, t), drafters[k], prepare=prepare, attrs=attrs))
     results = compare_methods(target, methods, prompts, max_new_tokens=max_new_tokens, repeats=repeats,
                               generate_kwargs=generate_kwargs, progress=progress)
     base = results["target only"].tokens_per_s
