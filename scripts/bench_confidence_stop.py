@@ -26,12 +26,12 @@ import sys
 import torch
 
 from hf_vocabspec.evaluation.benchmark import default_drafter_job, default_drafter_job_args, drafter_switch_job
-from hf_vocabspec.generation import confidence
+from hf_vocabspec.generation import engine
 
 
 def adapted(drafter) -> dict:
     """Where the adapted stop ended, per configured threshold, and what it had seen."""
-    models = confidence.recorded(drafter)
+    models = engine.stop_models(drafter)
     return {"adapted threshold": {f"from {setting[-1]:g}": {"now": model.threshold,
                                                            "judged drafts": round(model.judged_drafts),
                                                            "timed rounds": len(model.timed)}

@@ -11,7 +11,7 @@ import torch
 import transformers as T
 
 import hf_vocabspec
-from hf_vocabspec.generation import confidence
+from hf_vocabspec.generation import confidence, engine
 from hf_vocabspec.generation.confidence import BINS, GRID, StopModel, bin_of
 
 MIDS = [(lo + hi) / 2 for lo, hi in zip((0.0, *GRID), (*GRID, 1.0))]  # a confidence inside each bin
@@ -165,7 +165,7 @@ def test_the_engine_adapts_the_stop_and_output_stays_the_targets(monkeypatch):
         out = target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), assistant_model=drafter, **kw)
         assert torch.equal(out, ref)
     stop = drafter.last_speculation_stats.confidence_stop
-    (model,) = confidence.recorded(drafter).values()
+    (model,) = engine.stop_models(drafter).values()
     assert len(model.timed) >= confidence.MIN_ROUNDS
     assert all(m == f + 1 and d > 0 and v > 0 for f, d, m, v in model.timed)  # a verify: last token + the drafts
     assert "adapted from 0.9" in stop and float(stop.split()[0]) < 0.9, stop

@@ -27,21 +27,20 @@ bin at a time: the chain below the threshold in use was never seen, a step down 
 Exactness: the threshold decides how many drafts a round proposes, never what is output (verification judges every
 draft). Scope: rounds of one row whose confidences the loop reads on the host anyway (a CPU, no draft constraint:
 ``SpeculativeEngine._draft``), so it adds no device read; elsewhere the configured threshold holds. What a drafter's
-calls showed is kept per (drafter, target, setting) for its later calls. ``drafter.adapt_confidence_threshold = False``
+calls showed is kept per (drafter, target, setting) for its later calls (the engine's per-drafter memory,
+``engine.stop_models``). ``drafter.adapt_confidence_threshold = False``
 keeps the configured threshold.
 """
 
 from __future__ import annotations
 
 import bisect
-import weakref
 from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["GRID", "MIN_GAIN", "MIN_GAIN_DOWN", "MIN_OUTCOMES", "MIN_ROUNDS", "StopModel", "adapts", "bin_of",
-           "recorded", "stop_model"]
+__all__ = ["GRID", "MIN_GAIN", "MIN_GAIN_DOWN", "MIN_OUTCOMES", "MIN_ROUNDS", "StopModel", "adapts", "bin_of"]
 
 # Thresholds the choice ranges over (never 0: a stop that is off would read no more confidences to learn from); the
 # confidence bins' edges.
@@ -92,7 +91,7 @@ class StopModel:
         """One row's round: the confidences of its proposed drafts in order, how many were accepted, and (``timed``)
         its drafter forwards and verify positions with their seconds."""
         if confidences:
-            bins = [bisect.bisect_right(GRID, c) for c in confidences]
+            bins = [bin_of(c) for c in confidences]
             self.first[bins[0]] += 1
             for i, j in zip(bins, bins[1:]):
                 self.chain[i * BINS + j] += 1
@@ -193,27 +192,6 @@ class StopModel:
             chosen = max(GRID[best], GRID[max(b - 1, 0)])
         self.threshold, self.moved = chosen, chosen != current
         return chosen
-
-
-_MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # drafter -> {setting: StopModel}
-
-
-def stop_model(assistant, setting: tuple) -> StopModel:
-    """The drafter's record for ``setting`` (kept across its calls; a fresh one where the drafter cannot be weakly
-    referenced)."""
-    try:
-        models = _MODELS.setdefault(assistant, {})
-    except TypeError:
-        return StopModel()
-    return models.setdefault(setting, StopModel())
-
-
-def recorded(assistant) -> dict[tuple, StopModel]:
-    """The drafter's records so far, per (target id, sampling, L, schedule, processors, configured threshold)."""
-    try:
-        return dict(_MODELS.get(assistant, {}))
-    except TypeError:
-        return {}
 
 
 def adapts(assistant) -> bool:

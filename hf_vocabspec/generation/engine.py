@@ -164,10 +164,12 @@ def choose_mode(measured: list[Measured], rows: int, iteration: int) -> tuple[st
 
 @dataclass
 class _Memory:
-    """A drafter's measurements from its earlier batched calls, per (target, sampling, draft length, processors):
-    what ``choose_mode`` starts a call with."""
+    """What a drafter's earlier calls measured, per (target, sampling, draft length, processors): its batched
+    calls' measurements (what ``choose_mode`` starts a call with) and, per configured threshold too, its rounds' record
+    for the adapted confidence stop (``confidence.StopModel``)."""
 
     by_setting: dict[tuple, list[Measured]] = field(default_factory=dict)
+    stops: dict[tuple, confidence.StopModel] = field(default_factory=dict)
 
     def recall(self, setting: tuple) -> list[Measured]:
         return [replace(x, iteration=0, calls_ago=x.calls_ago + 1) for x in self.by_setting.get(setting, [])]
@@ -184,6 +186,16 @@ class _Memory:
 
 
 _MEMORIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # drafter -> _Memory
+
+
+def stop_models(assistant) -> dict[tuple, confidence.StopModel]:
+    """The drafter's adapted-stop records so far, per (target id, sampling, L, schedule, processors, configured
+    threshold)."""
+    try:
+        memory = _MEMORIES.get(assistant)
+    except TypeError:
+        return {}
+    return dict(memory.stops) if memory is not None else {}
 
 
 @dataclass
@@ -533,7 +545,7 @@ class SpeculativeEngine:
         configured = self.step.confidence_threshold
         if configured > 0 and B == 1 and not self.lagged_stop and self.constraint is None and not self.stepwise \
                 and confidence.adapts(assistant):
-            self.stop = confidence.stop_model(assistant, (*self.setting, configured))
+            self.stop = self.memory.stops.setdefault((*self.setting, configured), confidence.StopModel())
             self.configured_threshold = configured
             self._set_threshold(self.stop.choose(self.stop.threshold or configured, self.L))
 
