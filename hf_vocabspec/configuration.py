@@ -322,6 +322,7 @@ DRAFTER_SETTINGS = {
     "use_lean_forward": "drafter.use_lean_forward",
     "use_inference_mode": "drafter.use_inference_mode",
     "adapt_confidence_threshold": "drafter.adapt_confidence_threshold",
+    "share_prompt_cache": "drafter.share_prompt_cache",
     "compile_draft_step": "drafter.compile_draft_step",
     "weight_quantization": "drafter.quantize_weights",
 }

@@ -275,6 +275,30 @@ class DraftStep:
         return self._compiled is not None
 
     # --- the drafter's forward ----------------------------------------------------------------------------
+    def same_body(self, target) -> bool:
+        """Whether the drafter's body is the target's: the same module class and configuration, the same parameter
+        names and shapes, and every value the target's in the drafter's dtype (a drafter trimmed from the target
+        itself, pair G). Its cache over a prompt is then the target's (what ``SpeculativeEngine`` takes instead of
+        re-reading the prompt); its int8 copies or fast linears would only have rounded it differently. Reads every
+        parameter once where the structure matches: call it once per pair (the engine keeps the answer)."""
+        mine = self.model.model if self.trimmed else getattr(self.model, "base_model", None)
+        theirs = getattr(target, "base_model", None)
+        if mine is None or theirs is None or type(mine) is not type(theirs):
+            return False
+        if mine is theirs:
+            return True
+        ignored = {"_name_or_path", "dtype", "torch_dtype", "transformers_version", "architectures", "_commit_hash",
+                   "use_cache", "_attn_implementation_autoset"}
+        a, b = mine.config.to_dict(), theirs.config.to_dict()
+        if {k: v for k, v in a.items() if k not in ignored} != {k: v for k, v in b.items() if k not in ignored}:
+            return False
+        ours, target_params = dict(mine.named_parameters()), dict(theirs.named_parameters())
+        if ours.keys() != target_params.keys() or any(ours[k].shape != target_params[k].shape for k in ours):
+            return False
+        with torch.no_grad():
+            return all(x.data_ptr() == y.data_ptr() or torch.equal(x, y.to(x.dtype))
+                       for x, y in ((ours[k], target_params[k]) for k in ours))
+
     @property
     def body(self):
         """The module whose forward the cache belongs to (a trimmed drafter's body, else the whole model)."""

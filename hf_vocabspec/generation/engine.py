@@ -170,6 +170,16 @@ class _Memory:
 
     by_setting: dict[tuple, list[Measured]] = field(default_factory=dict)
     stops: dict[tuple, confidence.StopModel] = field(default_factory=dict)
+    # (target id, the two models' parameter versions) -> whether the drafter's body is the target's (``same_body``)
+    bodies: dict[tuple, bool] = field(default_factory=dict)
+
+    def same_body(self, step: DraftStep, target) -> bool:
+        """``step.same_body(target)``, read once per pair while neither model's parameters change in place."""
+        key = (id(target), sum(p._version for p in target.parameters()),
+               sum(p._version for p in step.model.parameters()))
+        if key not in self.bodies:
+            self.bodies[key] = step.same_body(target)
+        return self.bodies[key]
 
     def recall(self, setting: tuple) -> list[Measured]:
         return [replace(x, iteration=0, calls_ago=x.calls_ago + 1) for x in self.by_setting.get(setting, [])]
@@ -396,6 +406,27 @@ class _AlignedCache:
             for i in self._conv(layer):
                 layer.conv_states[i] = layer.conv_states[i].repeat_interleave(n, dim=0)
 
+    @property
+    def attention_only(self) -> bool:
+        """Every layer holds keys and values only (what ``take`` copies)."""
+        return bool(self.cache.layers) and all(type(x) in (DynamicLayer, StaticLayer) for x in self.cache.layers)
+
+    def take(self, source: _AlignedCache, dtype: torch.dtype) -> bool:
+        """This empty cache becomes a copy of ``source``'s columns (every layer's keys and values in ``dtype``): a
+        drafter whose body is the target's takes the target's prompt cache. False (nothing taken) where a layer of
+        either holds more than keys and values (convolution states, indexer keys) or the two differ in layers."""
+        layers = source.cache.layers
+        if self.length or not self.attention_only or len(layers) != len(self.cache.layers) or any(
+                type(x) not in (DynamicLayer, StaticLayer) or [n for n, _, _ in self._columns(x)] != ["keys", "values"]
+                for x in layers):
+            return False
+        for i, layer in enumerate(layers):
+            keys, values = (getattr(layer, n).narrow(2, 0, source.length).to(dtype) for n in ("keys", "values"))
+            self.cache.update(keys, values, i)  # (into its own storage: a concatenation, or a static buffer)
+            self._mark_static(self.cache.layers[i])
+        self.length = source.length
+        return True
+
     def crop_left(self, n: int) -> None:
         for layer in self.cache.layers:
             for name, _, sdim in self._columns(layer):
@@ -538,6 +569,11 @@ class SpeculativeEngine:
         except TypeError:  # an assistant that cannot be weakly referenced: every call probes
             self.memory = _Memory()
         self.measured: list[Measured] = self.memory.recall(self.setting) if self.speculation == "auto" else []
+        # a drafter whose body is the target's takes the target's prompt cache instead of reading the prompt again
+        # (``_take_prompt``; ``drafter.share_prompt_cache = False``: it reads the prompt itself)
+        self.shares_prompt = (self.speculation != "off" and bool(getattr(assistant, "share_prompt_cache", True))
+                              and self.draft_cache.attention_only
+                              and self.target_cache.attention_only and self.memory.same_body(self.step, target))
         # the confidence stop adapted (.confidence): rounds of one row whose drafts' confidences are read on the host
         # anyway (a CPU, no draft constraint, processors without state)
         self.stop = None
@@ -1240,7 +1276,7 @@ class SpeculativeEngine:
         self.pad_list = pad_list[::n]
         if P > 1:
             self._target_forward(self.seq[:, :-1], keep=1)
-        if self.speculation != "off" and P > 2:
+        if self.speculation != "off" and P > 2 and not (self.shares_prompt and self._take_prompt()):
             self.step.logits(self.seq[:, :-2], self.draft_cache.cache, *self._layout(self.draft_cache, P - 2))
             self.draft_cache.grew(P - 2)
             self.drafted_len = P - 2
@@ -1248,10 +1284,27 @@ class SpeculativeEngine:
         self.target_cache.repeat(n)
         self.draft_cache.repeat(n)
 
+    def _take_prompt(self) -> bool:
+        """The drafter's cache becomes a copy of the target's (a drafter whose body is the target's: the prompt's
+        keys and values are the ones it would compute, rounded as the target's kernels round them; they only make
+        drafts, never the output). False where the caches' layers cannot be copied (the drafter reads the prompt)."""
+        dtype = self.step.body.get_input_embeddings().weight.dtype
+        if not self.draft_cache.take(self.target_cache, dtype):
+            return False
+        self.drafted_len = self.target_cache.length
+        self.stats.shared_prompt_cache = True
+        return True
+
     @torch.no_grad()
     def run(self) -> torch.Tensor:
         P = self.seq.shape[1]
         self._prefill(P)
+        if self.shares_prompt and not self.draft_cache.length:
+            # the target's own first step (as target-only takes it: the prompt and the first token), then the
+            # drafter takes its cache: the prompt is read once, not by both models
+            self._plain_step()
+            if self.row_list:
+                self._take_prompt()
         forced = {"on": "speculate" + (" (forced: batched_speculation='on')" if self.B > 1 else ""),
                   "off": "decode (forced: batched_speculation='off')"}
         self.stats.decision = forced.get(self.speculation, "")

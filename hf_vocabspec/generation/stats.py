@@ -29,10 +29,12 @@ class SpeculationStats:
     context_proposed: int = 0  # drafts of pruned tokens taken from the context (context tokens)
     forced_proposed: int = 0  # drafts the draft constraint's grammar forced (no drafter forward; generation/constraints.py)
     row_rounds: int = 0  # (row, round) pairs; equals rounds at batch 1
-    plain_steps: int = 0  # target-only decode steps of the batched loop (fallback or probe)
+    plain_steps: int = 0  # target-only decode steps (the batched loop's fallback or probe; the first step where the
+    # drafter took the target's prompt cache)
     batch_size: int = 0
     stepwise: bool = False  # processors with state: called once per generated step (the exact processor contract)
     draft_constraint: str = ""  # the drafter's own copy of the call's grammar (generation/constraints.py), if any
+    shared_prompt_cache: bool = False  # the drafter's body is the target's: it took the target's prompt cache
     decision: str = ""  # batched loop: "speculate", "decode (...)", "forced ..."
     target_cache: str = ""  # the target's cache in the engine: "DynamicCache", or "StaticCache" (cache_implementation="static")
     compiled_verify: bool = False  # the target's forwards after the prompt ran its compiled call (static cache + compile)
