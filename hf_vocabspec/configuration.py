@@ -58,8 +58,8 @@ MODEL_TYPE = "hf_vocabspec_trimmed_drafter"
 DEFAULT_NUM_ASSISTANT_TOKENS = 12
 DEFAULT_CONFIDENCE_THRESHOLD = 0.4
 # Where a confidence stop cannot end the drafting early, the drafter's L is only a cap: SSD's trees (no stop) and
-# rounds of several rows (the batch drafts on while any row is sure) draft at most this many, unless generate()
-# is given num_assistant_tokens (pair G at batch 4, machine D, 2026-11-28: L = 12 with the stop 1.11x, L = 5 1.27x
+# rounds of several rows (the batch drafts on while any row is sure; a batch's last row left drafts L again) draft at
+# most this many, unless generate() is given num_assistant_tokens (pair G at batch 4, machine D, 2026-11-28: L = 12 with the stop 1.11x, L = 5 1.27x
 # same-kernel batched target-only).
 CAPPED_DRAFT_LENGTH = 5
 

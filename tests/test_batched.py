@@ -468,3 +468,25 @@ def test_rounds_of_several_rows_draft_at_most_5_of_a_confidence_stopped_L(librar
     assert longest() == CAPPED_DRAFT_LENGTH
     assert longest(num_assistant_tokens=12) > CAPPED_DRAFT_LENGTH
     assert longest(assistant_confidence_threshold=0.0) > CAPPED_DRAFT_LENGTH  # no stop: L is a length, not a cap
+
+
+def test_a_batchs_last_row_drafts_the_uncapped_L(library_draft_defaults):
+    """Once the other rows have finished, the row left drafts up to the drafter's L again (its confidence stop ends
+    its rounds, as at batch 1): a round of it proposes more than CAPPED_DRAFT_LENGTH, the output stays
+    target-only's; while both rows run, at most CAPPED_DRAFT_LENGTH."""
+    from hf_vocabspec.configuration import CAPPED_DRAFT_LENGTH
+
+    target, base = make_pair("llama", seed=3, noise=0.0)  # every draft the target's own: long confident runs
+    drafter = hf_vocabspec.trim_drafter(base, range(VOCAB))
+    drafter.generation_config.batched_speculation = "on"
+    ids, mask = _batch([6, 9])
+    free = _reference(target, ids, mask, max_new_tokens=40)
+    eos = next(t for t in free[0][1:4] if t not in free[1])  # row 0 ends within 4 tokens, row 1 goes on
+    kw = dict(attention_mask=mask, do_sample=False, max_new_tokens=40, eos_token_id=eos, pad_token_id=0)
+    out = target.generate(ids, assistant_model=drafter, **kw)
+    assert _rows(out, ids.shape[1], eos) == _reference(target, ids, mask, max_new_tokens=40, eos_token_id=eos,
+                                                       pad_token_id=0)
+    stats = drafter.last_speculation_stats
+    proposed = stats.per_round_proposed
+    both = 2 * (stats.row_rounds - stats.rounds)  # row-rounds of the rounds both rows ran
+    assert max(proposed[:both]) <= CAPPED_DRAFT_LENGTH < max(proposed[both:]), proposed

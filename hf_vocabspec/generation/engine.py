@@ -467,7 +467,7 @@ class SpeculativeEngine:
                  confidence_threshold: float = 0.0, speculation: str = "auto", streamer=None,
                  schedule: str = "constant", keep_scores: bool = False, keep_logits: bool = False,
                  constrain_drafts: bool = True, target_call=None, compile_options: dict | None = None,
-                 compile_fallible: bool = False):
+                 compile_fallible: bool = False, one_row_draft_tokens: int | None = None):
         if speculation not in SPECULATION_MODES:
             raise ValueError(f"batched_speculation must be one of {SPECULATION_MODES}, got {speculation!r}: set "
                              "drafter.generation_config.batched_speculation to one of them.")
@@ -479,6 +479,9 @@ class SpeculativeEngine:
         self.B, self.P = B, P
         self.do_sample = bool(generation_config.do_sample)
         self.L = int(num_draft_tokens)
+        # a round of one row drafts up to this many (where the rows of a batch have finished but one: the confidence
+        # stop ends its rounds again, so the cap of rounds of several rows no longer applies; hooks._draft_length)
+        self.L_one = int(one_row_draft_tokens) if one_row_draft_tokens is not None else self.L
         self.schedule = schedule
         self.speculation = speculation if B > 1 else ("on" if speculation == "auto" else speculation)
         self.vocab_size = target_rows(target)
@@ -518,7 +521,7 @@ class SpeculativeEngine:
             self.eos_table[self.eos] = True
         self.lagged_stop = lags_reads(self.device)  # the confidence stop read one draft late (GPU: no stall)
         # a static cache starts with room for max_length plus one round's drafts (``_AlignedCache.reserve`` grows it)
-        self.capacity = int(generation_config.max_length) + self.L + FORCED_ROOM + 1
+        self.capacity = int(generation_config.max_length) + max(self.L, self.L_one) + FORCED_ROOM + 1
         if compile_options is not None:  # the drafter's steps compiled too, on a static cache of their own
             self.step.compile(compile_options, self.capacity, fallible=compile_fallible)
         self.target_cache = _AlignedCache(target_cache if target_cache is not None else
@@ -1070,7 +1073,8 @@ class SpeculativeEngine:
 
     def _speculative_round(self) -> int:
         budget = self._remaining() - 1  # drafts the longest row can still use
-        L = min(self.L, budget)
+        one = len(self.row_list) == 1 and self.target_call is None and not self.stepwise and self.schedule == "constant"
+        L = min(self.L_one if one else self.L, budget)
         if self.target_call is not None and L >= 1:
             # compiled verify: every round verifies L + 1 positions, its end's rounds too (one shape, no recompile);
             # what a row accepts past its budget is never emitted (_emit cuts there), nor counted in the stats
