@@ -4,24 +4,116 @@ A drafter trimmed from the target itself (pair G) takes the target's prompt cach
 step, then the drafter's cache a copy of the target's: generation/engine.py ``_take_prompt``);
 ``drafter.share_prompt_cache = False`` has it read the prompt itself, in its first round.
 
-One process, methods interleaved prompt by prompt (benchmark.compare_methods, one pass): target-only with the same
-fast linears, the default drafter (``trim_drafter`` at --coverage, no tune; the auto dtype) as generate runs it, and
-the same drafter reading the prompt. Reports each method's seconds against target-only, its mean draft step and how
-many prompts' outputs equal the first drafter's (the target's output: greedy and exact, so both must). Prints a
-markdown table naming the machine and writes results.json / results.md under --output.
+Batch 1 (the default): one process, methods interleaved prompt by prompt (benchmark.compare_methods, one pass):
+target-only with the same fast linears, the default drafter (``trim_drafter`` at --coverage, no tune; the auto dtype)
+as generate runs it, and the same drafter reading the prompt. Reports each method's seconds against target-only, its
+mean draft step and how many prompts' outputs equal the first drafter's (the target's output: greedy and exact, so
+both must).
 
-Smallest check: python scripts/bench_shared_prompt.py --prompts 2 --max-new-tokens 4 --count-examples 200 \
-    --output /tmp/bench-shared-prompt
+--batch-sizes 2 4: instead, the job's first b prompts as one left-padded batch per size, the three methods
+interleaved call by call (target-only with the same fast linears in inference mode, as `hf-vocabspec bench` times
+it), --repeats times after one untimed round; the median and range of each drafter's tokens/s against target-only,
+and whether its rows equal target-only's.
+
+Prints a markdown table naming the machine and writes results.json / results.md under --output.
+
+Smallest checks: python scripts/bench_shared_prompt.py --prompts 2 --max-new-tokens 4 --count-examples 200 \
+    --output /tmp/bench-shared-prompt [--batch-sizes 2 --repeats 1]
 """
 
 from __future__ import annotations
 
-from hf_vocabspec.evaluation.benchmark import drafter_switch_job
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from hf_vocabspec.evaluation.benchmark import (
+    applied_attrs,
+    baseline_mode,
+    default_drafter_job,
+    default_drafter_job_args,
+    drafter_switch_job,
+    machine_info,
+    write_job_report,
+)
+from hf_vocabspec.kernels import fast_linears
+
+TITLE = __doc__.splitlines()[0].rstrip(".")
+
+
+def batched(args, job, sizes: list[int], repeats: int) -> None:
+    pad = int(job.target.generation_config.pad_token_id or 0)
+    gen = {"do_sample": False, "max_new_tokens": args.max_new_tokens, "pad_token_id": pad}
+    report = {"config": vars(args) | {"kept_vocab": job.kept_vocab, "dtype": str(job.dtype), "batch_sizes": sizes,
+                                      "repeats": repeats}, "machine": machine_info(), "runs": []}
+    lines = [f"# {TITLE}: batches of the first b of {args.target}'s held-out prompts, {args.max_new_tokens} new "
+             f"tokens, k = {job.kept_vocab}, {job.dtype}, {repeats} repeats (median, range)", "",
+             f"machine: {report['machine']}", "",
+             "| batch | target-only tok/s | prompt cache taken | prompt read by the drafter | rows equal target-only |",
+             "|---|---|---|---|---|"]
+    for b in sizes:
+        prompts = job.prompts[:b]
+        P = max(p.shape[1] for p in prompts)
+        ids = torch.full((b, P), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):
+            ids[i, P - p.shape[1]:], mask[i, P - p.shape[1]:] = p[0], 1
+
+        def target_only():
+            with fast_linears(job.target), baseline_mode("target"):
+                return job.target.generate(input_ids=ids, attention_mask=mask, **gen)
+
+        def drafter(share: bool):
+            with applied_attrs(job.drafter, {"share_prompt_cache": share}), torch.no_grad():
+                return job.target.generate(input_ids=ids, attention_mask=mask, assistant_model=job.drafter, **gen)
+
+        calls = {"target only (fast linears)": target_only, "prompt cache taken": lambda: drafter(True),
+                 "prompt read by the drafter": lambda: drafter(False)}
+        rates: dict[str, list[float]] = {name: [] for name in calls}
+        outputs = {}
+        for rep in range(repeats + 1):  # the first round warms up (kernel choices), dropped
+            for name, call in calls.items():
+                start = time.perf_counter()
+                out = call()
+                seconds = time.perf_counter() - start
+                outputs[name] = out
+                if rep:
+                    rates[name].append(((out[:, P:] != pad).sum().item() or out[:, P:].numel()) / seconds)
+        base = rates["target only (fast linears)"]
+        run = {"batch": b, "tokens_per_s": rates, "vs_target_only": {}, "rows_equal": {}}
+        cells = []
+        for name in list(calls)[1:]:
+            ratios = [x / y for x, y in zip(rates[name], base)]
+            run["vs_target_only"][name] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+            run["rows_equal"][name] = bool(torch.equal(outputs[name], outputs["target only (fast linears)"]))
+            cells.append(f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
+        report["runs"].append(run)
+        equal = "/".join("yes" if v else "NO" for v in run["rows_equal"].values())
+        lines.append(f"| {b} | {statistics.median(base):.2f} | {cells[0]} | {cells[1]} | {equal} |")
+    write_job_report(Path(args.output), report, lines)
 
 
 def main() -> None:
-    drafter_switch_job(__doc__.splitlines()[0].rstrip("."), switch="share_prompt_cache", on="prompt cache taken",
-                       off="prompt read by the drafter", prompts=8, output="results/bench-shared-prompt")
+    argv = sys.argv[1:]
+    sizes, repeats = [], 2
+    if "--batch-sizes" in argv:
+        i = argv.index("--batch-sizes")
+        j = i + 1
+        while j < len(argv) and not argv[j].startswith("--"):
+            j += 1
+        sizes, argv = [int(x) for x in argv[i + 1:j]], argv[:i] + argv[j:]
+    if "--repeats" in argv:
+        i = argv.index("--repeats")
+        repeats, argv = int(argv[i + 1]), argv[:i] + argv[i + 2:]
+    args = default_drafter_job_args(TITLE, prompts=max([8, *sizes]), output="results/bench-shared-prompt", argv=argv)
+    if sizes:
+        batched(args, default_drafter_job(args), sizes, repeats)
+        return
+    drafter_switch_job(TITLE, switch="share_prompt_cache", on="prompt cache taken", off="prompt read by the drafter",
+                       prompts=8, output=args.output, args=args)
 
 
 if __name__ == "__main__":
