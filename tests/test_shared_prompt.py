@@ -18,8 +18,9 @@ from transformers import DynamicCache
 
 import hf_vocabspec
 from hf_vocabspec.generation import DraftVocabulary
-from hf_vocabspec.generation.draft_step import DraftStep
+from hf_vocabspec.generation.draft_step import DraftStep, engine_cache
 from hf_vocabspec.generation.engine import _AlignedCache
+from hf_vocabspec.modeling import cache_kwarg
 
 
 def _own_body(kind: str = "llama", keep=None, seed: int = 3):
@@ -64,8 +65,8 @@ def test_the_taken_cache_is_the_drafters_own(kind):
     theirs = _AlignedCache(DynamicCache(config=target.config))
     own = _AlignedCache(DynamicCache(config=target.config))
     with torch.no_grad():
-        target(input_ids=ids, attention_mask=mask, past_key_values=theirs.cache, use_cache=True)
-        drafter.model(input_ids=ids, attention_mask=mask, past_key_values=own.cache, use_cache=True)
+        target(input_ids=ids, attention_mask=mask, use_cache=True, **{cache_kwarg(target): theirs.cache})
+        drafter.model(input_ids=ids, attention_mask=mask, use_cache=True, **{cache_kwarg(drafter.model): own.cache})
     theirs.grew(ids.shape[1])
     taken = _AlignedCache(DynamicCache(config=target.config))
     assert taken.take(theirs, torch.float32) and taken.length == ids.shape[1]
@@ -76,6 +77,29 @@ def test_the_taken_cache_is_the_drafters_own(kind):
             assert torch.allclose(a, b, atol=1e-5), (kind, name)
             assert not torch.allclose(a, b.flip(0), atol=1e-3)  # power: the rows differ
     assert not taken.take(theirs, torch.float32)  # only into an empty cache
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])
+def test_static_caches_give_and_take_the_prompt(kind):
+    """A static target cache (``cache_implementation="static"``) gives its prompt (output still target-only's), and
+    a static drafter cache (a compiled draft step's) takes one: the buffer's first columns, its fill level moved."""
+    target, drafter = _own_body(kind)
+    ids, mask = left_padded([7, 4, 6])
+    kw = dict(attention_mask=mask, do_sample=False, max_new_tokens=20)
+    out = target.generate(ids, assistant_model=drafter, cache_implementation="static", **kw)
+    stats = drafter.last_speculation_stats
+    assert torch.equal(out, target.generate(ids, **kw)) and stats.shared_prompt_cache
+    assert stats.target_cache == "StaticCache"
+    theirs = _AlignedCache(DynamicCache(config=target.config))
+    with torch.no_grad():
+        target(input_ids=ids, attention_mask=mask, use_cache=True, **{cache_kwarg(target): theirs.cache})
+    theirs.grew(ids.shape[1])
+    static = _AlignedCache(engine_cache(drafter.model.config, 64), capacity=64)
+    assert static.static and static.take(theirs, torch.float32) and static.length == ids.shape[1]
+    for given, taken in zip(theirs.cache.layers, static.cache.layers):
+        assert torch.equal(given.keys, taken.keys[:, :, : ids.shape[1]])
+        assert torch.equal(given.values, taken.values[:, :, : ids.shape[1]])
+        assert int(taken.cumulative_length) == ids.shape[1]
 
 
 @pytest.mark.parametrize("kind", ["llama", "gemma3"])
