@@ -17,7 +17,7 @@ packed weight is made on its first use and kept, keyed by the weight's storage a
 packed again), so later generate calls pay nothing; :func:`release` drops them (the packed copy costs as much
 memory as the weight itself).
 
-A drafter's layers (``fast_linears(..., draft=...)``), for forwards of up to ``QUANTIZED_MAX_ROWS`` rows, trial their
+A drafter's layers (``fast_linears(..., draft=...)``), for forwards of up to ``DRAFT_MAX_ROWS`` rows, trial their
 weight-only int8 copy against ``F.linear`` instead of the packed kernel (``DRAFT_CANDIDATES``): see there why, and
 why only a drafter's. For forwards of more than ``MAX_ROWS`` rows (its prompt's prefill) they trial the int8 copy
 with per-token int8 activations (``w8a8_linear``) and, bfloat16 ones, the weight widened to float32 against
@@ -62,9 +62,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .modeling import QUANTIZED_MAX_ROWS, quantization_ops_available, quantize_weight, serve_quantized
+from .modeling import quantization_ops_available, quantize_weight, serve_quantized
 
-__all__ = ["DRAFT_CANDIDATES", "EXACT_ROWS", "MARGIN", "MAX_ROWS", "MEMORY_SHARE", "PREFILL_CANDIDATES", "TRIALS",
+__all__ = ["DRAFT_CANDIDATES", "DRAFT_MAX_ROWS", "EXACT_ROWS", "MARGIN", "MAX_ROWS", "MEMORY_SHARE", "PREFILL_CANDIDATES", "TRIALS",
            "FastLinears", "KernelChoice", "KernelKey", "available", "choices", "compiled_int8_copies", "decided_int8",
            "fast_linears", "fused_norm", "fused_norm_scale", "fused_norms", "int8_linear", "packed_linear", "release",
            "rows_bucket", "settle_choices", "stacked_int8", "trials_run", "wants_fast_linears", "wants_fused_norms",
@@ -82,7 +82,7 @@ MARGIN = 0.9
 _DTYPES = (torch.float32, torch.bfloat16)
 CANDIDATES = ("linear", "packed")
 # A drafter's layers (``fast_linears(..., draft=...)``) also trial a weight-only int8 copy of the weight, for forwards
-# of up to QUANTIZED_MAX_ROWS rows (what a draft step runs). Only for a drafter: the copy's values differ from the
+# of up to DRAFT_MAX_ROWS rows (what a draft step runs). Only for a drafter: the copy's values differ from the
 # weight's (round to nearest per output row), which changes what the drafter proposes and never what is output
 # (verification judges every draft; a sampled draft's q is the law it was drawn from, whichever kernel computed
 # it). Why: a draft step of a few rows is memory-bound, and the copy is half the bytes of bf16. Measured on machine D
@@ -137,7 +137,7 @@ class KernelKey:
     bias: bool
     rows: int  # the fast linears key by :func:`rows_bucket`; the verify head by the exact count
     threads: int
-    draft: bool = False  # a drafter's layer with candidates of its own: the int8 copy (up to QUANTIZED_MAX_ROWS rows)
+    draft: bool = False  # a drafter's layer with candidates of its own: the int8 copy (up to DRAFT_MAX_ROWS rows)
     # or the fast prefill's (past MAX_ROWS rows; ``_candidates``)
 
 
@@ -543,6 +543,13 @@ def fused_norms() -> tuple[int, int]:
 
 # Row counts up to this are keyed as they are; longer forwards share a choice per power of two.
 EXACT_ROWS = 16
+# A drafter's layers trial their int8 copy (``DRAFT_CANDIDATES``) for forwards of up to this many rows: a batch's draft
+# step runs B rows times the one or two tokens each row feeds (4 rows x 2 at batch 4). Up to 2026-12-07 it was
+# QUANTIZED_MAX_ROWS (4, a quantized drafter's own kernel limit, untimed), so a batch-4 round's first draft step (8
+# rows) ran the float32 weights: pair G on machine F (AVX2), int8_bf16 0.13 ms against F.linear's 0.38 for a 1024x640
+# layer at 4 rows; its batch-4 draft step averaged 38 ms against 26 at batch 1, 7.3 ms of it the packed float32
+# kernel of those 8-row steps. The trials keep F.linear where it is faster.
+DRAFT_MAX_ROWS = EXACT_ROWS
 
 
 def rows_bucket(rows: int) -> int:
@@ -559,10 +566,10 @@ def rows_bucket(rows: int) -> int:
 def _fast_key(module: nn.Linear, rows: int, draft: bool = False) -> tuple:
     """The per-call key of ``_DECIDED``: (dtype, out, in, bias, rows_bucket(rows), threads, draft) where ``draft``
     says a drafter's own candidates apply (a drafter's layer: the int8 copy for a forward of at most
-    QUANTIZED_MAX_ROWS rows, the fast prefill's for one of more than MAX_ROWS)."""
+    DRAFT_MAX_ROWS rows, the fast prefill's for one of more than MAX_ROWS)."""
     weight = module.weight
     return (weight.dtype, weight.shape[0], weight.shape[1], module.bias is not None, rows_bucket(rows),
-            torch.get_num_threads(), draft and (rows <= QUANTIZED_MAX_ROWS or rows > MAX_ROWS))
+            torch.get_num_threads(), draft and (rows <= DRAFT_MAX_ROWS or rows > MAX_ROWS))
 
 
 def _draft_candidates(dtype: torch.dtype | str) -> tuple[str, ...]:
@@ -632,7 +639,7 @@ def settle_choices(model: nn.Module, rows: Iterable[int], *, max_forwards: int |
 
 def packed_linear(module: nn.Linear, x: torch.Tensor, draft: bool = False) -> torch.Tensor:
     """``module(x)`` with the kernel measured fastest for its key (trials while undecided); ``draft`` (a drafter's
-    layer): the int8 copy is a candidate too, for forwards of up to QUANTIZED_MAX_ROWS rows."""
+    layer): the int8 copy is a candidate too, for forwards of up to DRAFT_MAX_ROWS rows."""
     weight = module.weight
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if (
@@ -754,7 +761,7 @@ def fast_linears(*models: nn.Module, enabled: bool = True, draft: Iterable[nn.Mo
     memory keeps ``F.linear`` (whole models, in the order given; the report says so).
 
     ``draft``: the drafter's modules (also swapped, after ``models``; a layer already listed in ``models`` stays
-    theirs). With ``int8`` (a drafter's ``use_int8_copies``), their forwards of up to QUANTIZED_MAX_ROWS rows also
+    theirs). With ``int8`` (a drafter's ``use_int8_copies``), their forwards of up to DRAFT_MAX_ROWS rows also
     trial a weight-only int8 copy (``DRAFT_CANDIDATES``), which changes what the drafter proposes, never what is
     output; with ``prefill`` too (a drafter's ``use_fast_prefill``), their forwards of more than MAX_ROWS rows trial
     the fast prefill's kernels (``PREFILL_CANDIDATES``), which change what the drafter proposes, never the output.

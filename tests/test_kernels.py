@@ -355,23 +355,24 @@ def int8(monkeypatch, request):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [False, True])
 def test_int8_copy_computes_the_quantized_weight_and_leaves_the_weight_alone(dtype, bias, int8):
-    from hf_vocabspec.modeling import QUANTIZED_MAX_ROWS, quantize_weight
+    from hf_vocabspec.modeling import quantize_weight
 
+    MAX = kernels.DRAFT_MAX_ROWS  # a batch's draft step: B rows x the 1-2 tokens each feeds
     layer = nn.Linear(64, 40, bias=bias).to(dtype)
     weight = layer.weight.detach().clone()
     values = quantize_weight(layer.weight, "int8")[1].to(dtype)
     with torch.no_grad(), kernels.fast_linears(draft=(layer,)) as report:
         assert report.layers == report.draft_layers == 1
-        for rows in (1, 3, QUANTIZED_MAX_ROWS, QUANTIZED_MAX_ROWS + 1):
+        for rows in (1, 3, 8, MAX, MAX + 1):
             x = torch.randn(1, rows, 64).to(dtype)
             outs = [layer(x) for _ in range(2 * kernels.TRIALS + 2)]
-            want = F.linear(x, values if rows <= QUANTIZED_MAX_ROWS else weight, layer.bias)
+            want = F.linear(x, values if rows <= MAX else weight, layer.bias)
             tol = 1e-4 if dtype == torch.float32 else 2e-2
             torch.testing.assert_close(outs[-1], want, rtol=tol, atol=tol)
         assert torch.equal(layer.weight, weight)  # a copy: the weight keeps its values
     ran = {(name, rows) for _, name, rows in int8}
-    assert {("int8", 1), ("int8", 3), ("int8", QUANTIZED_MAX_ROWS)} <= ran
-    assert not any(name == "int8" and rows > QUANTIZED_MAX_ROWS for name, rows in ran)
+    assert {("int8", 1), ("int8", 3), ("int8", 8), ("int8", MAX)} <= ran
+    assert not any(name == "int8" and rows > MAX for name, rows in ran)
     with torch.no_grad(), kernels.fast_linears(layer):  # not a drafter's layer: never its int8 copy
         int8.clear()
         for _ in range(2 * kernels.TRIALS + 2):
@@ -456,7 +457,7 @@ def test_int8_bf16_runs_the_int8_copy_on_bfloat16_input_for_float32_layers_only(
     """A float32 drafter layer's "int8_bf16": its int8 copy times the input rounded to bfloat16, with its scales in
     bfloat16, each sum rounded to bfloat16 (the kernel's output dtype), then widened and the bias added in float32.
     A bfloat16 layer never trials it (its "int8" is that kernel); a target's layer never."""
-    from hf_vocabspec.modeling import QUANTIZED_MAX_ROWS, quantize_weight
+    from hf_vocabspec.modeling import quantize_weight
 
     layer = nn.Linear(64, 40, bias=bias)
     q = quantize_weight(layer.weight, "int8")[0]
@@ -475,10 +476,10 @@ def test_int8_bf16_runs_the_int8_copy_on_bfloat16_input_for_float32_layers_only(
     int8.clear()
     with torch.no_grad(), kernels.fast_linears(draft=(layer,)):
         assert kernels.decided_int8(layer, 3).scales.dtype == torch.bfloat16  # what the lean forward stacks
-        for rows in (1, QUANTIZED_MAX_ROWS + 1):
+        for rows in (1, kernels.DRAFT_MAX_ROWS + 1):
             for _ in range(2 * kernels.TRIALS + 2):
                 layer(x[:, :1].expand(1, rows, 64))
-    assert not any(name == "int8_bf16" and rows > QUANTIZED_MAX_ROWS for _, name, rows in int8)
+    assert not any(name == "int8_bf16" and rows > kernels.DRAFT_MAX_ROWS for _, name, rows in int8)
     half = nn.Linear(64, 40, bias=bias).to(torch.bfloat16)
     int8.clear()
     with torch.no_grad(), kernels.fast_linears(draft=(half,)), kernels.fast_linears(layer):

@@ -148,12 +148,14 @@ def test_power_a_wrong_lean_forward_is_not_served(monkeypatch):
 
 
 # --- the stacked int8 layers and merged norms (where the fast linears chose the int8 copies) ---------------------
-def _forced_int8(body, rows=range(1, 8), kernel="int8"):
-    """The fast linears on ``body`` as a drafter's, every layer's choice made: its int8 copy for ``rows`` (``kernel``:
-    "int8", or "int8_bf16", the copy on bfloat16 input)."""
+def _forced_int8(body, rows=None, kernel="int8"):
+    """The fast linears on ``body`` as a drafter's, every layer's choice made: its int8 copy for ``rows`` (default:
+    every count it is a candidate for; ``kernel``: "int8", or "int8_bf16", the copy on bfloat16 input)."""
     from torch import nn
 
     from hf_vocabspec import kernels
+
+    rows = range(1, kernels.DRAFT_MAX_ROWS + 1) if rows is None else rows
 
     for m in body.modules():
         if type(m) is nn.Linear and "forward" in m.__dict__:
