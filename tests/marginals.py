@@ -115,6 +115,17 @@ def check_lossless(target, drafter, knobs, pruned_probe: int | None = None, prom
     return result
 
 
+def permuted_scatter(vocab_size: int):
+    """A ``DraftVocabulary.scatter`` that places q's values through a permuted map (the kept ids rolled by one): q
+    is then not the law the drafts came from. For power checks (monkeypatch it onto ``DraftVocabulary``)."""
+    def wrong_scatter(self, values, fill=float("-inf"), size=None):
+        out = values.new_full((*values.shape[:-1], size or vocab_size), fill)
+        out[..., self.ids.roll(1)] = values
+        return out
+
+    return wrong_scatter
+
+
 def check_detected(target, drafter, knobs, n: int = POWER_DRAWS, **kwargs) -> str:
     """Power: :func:`check_lossless` on a deliberately wrong law, row or protocol must FAIL, already with ``n``
     draws (``POWER_DRAWS``; ``n=N_DRAWS`` for a wrong law that moves little mass). Returns the failing assertion's

@@ -20,6 +20,7 @@ from marginals import (  # noqa: F401 (re-exported: other test modules import th
     chi2_pvalue,
     draw,
     exact_marginals,
+    permuted_scatter,
     pruned_drafter,
     reference_processors,
 )
@@ -58,12 +59,7 @@ def test_sampling_gemma3_sliding_window_softcap_is_lossless():
 def test_mismapped_q_is_detected(llama_pair, monkeypatch):
     """Power check: if q is scattered with a permuted map (q no longer the law drafts came from), fail."""
     target, drafter, probe = llama_pair
-    def wrong_scatter(self, values, fill=float("-inf"), size=None):
-        out = values.new_full((*values.shape[:-1], size or drafter.config.vocab_size), fill)
-        out[..., self.ids.roll(1)] = values
-        return out
-
-    monkeypatch.setattr(DraftVocabulary, "scatter", wrong_scatter)
+    monkeypatch.setattr(DraftVocabulary, "scatter", permuted_scatter(drafter.config.vocab_size))
     check_detected(target, drafter, {}, pruned_probe=probe)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from marginals import PROMPT, check_detected, check_lossless
+from marginals import PROMPT, check_detected, check_lossless, permuted_scatter
 from tiny import VOCAB, left_padded, make_pair
 from transformers import DynamicCache
 
@@ -179,12 +179,6 @@ def test_sampling_with_a_shared_prompt_is_lossless(shared_pair):
 def test_a_wrong_law_after_a_shared_prompt_is_detected(shared_pair, monkeypatch):
     """Power: the same draws with q scattered through a permuted map fail."""
     target, drafter, probe = shared_pair
-
-    def wrong_scatter(self, values, fill=float("-inf"), size=None):
-        out = values.new_full((*values.shape[:-1], size or drafter.config.vocab_size), fill)
-        out[..., self.ids.roll(1)] = values
-        return out
-
-    monkeypatch.setattr(DraftVocabulary, "scatter", wrong_scatter)
+    monkeypatch.setattr(DraftVocabulary, "scatter", permuted_scatter(drafter.config.vocab_size))
     check_detected(target, drafter, {"temperature": 0.9}, pruned_probe=probe)
     assert drafter.last_speculation_stats.shared_prompt_cache
