@@ -56,6 +56,18 @@ def test_the_same_body_is_recognised_and_only_it():
     assert not DraftStep(_own_body("gemma3")[1], [], do_sample=False).same_body(target)
 
 
+def test_models_made_in_inference_mode_share_too():
+    """Parameters made under torch.inference_mode keep no version counters: the pair is still recognised (once).
+    (The fast linears stamp their copies with version counters too: off here.)"""
+    with torch.inference_mode():
+        target, drafter = _own_body()
+    drafter.use_fast_linears = False
+    prompt = torch.tensor([[4, 9, 11, 6, 20, 7]])
+    out = target.generate(prompt, do_sample=False, max_new_tokens=12, assistant_model=drafter)
+    assert torch.equal(out, target.generate(prompt, do_sample=False, max_new_tokens=12))
+    assert drafter.last_speculation_stats.shared_prompt_cache
+
+
 @pytest.mark.parametrize("kind", ["llama", "gemma3"])
 def test_the_taken_cache_is_the_drafters_own(kind):
     """Left-padded rows of different prompts: every layer's keys and values taken from the target's cache are the

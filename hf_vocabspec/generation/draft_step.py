@@ -281,7 +281,7 @@ class DraftStep:
         itself, pair G). Its cache over a prompt is then the target's (what ``SpeculativeEngine`` takes instead of
         re-reading the prompt); its int8 copies or fast linears would only have rounded it differently. Reads every
         parameter once where the structure matches: call it once per pair (the engine keeps the answer)."""
-        mine = self.model.model if self.trimmed else getattr(self.model, "base_model", None)
+        mine = self.body if self.trimmed else getattr(self.model, "base_model", None)
         theirs = getattr(target, "base_model", None)
         if mine is None or theirs is None or type(mine) is not type(theirs):
             return False

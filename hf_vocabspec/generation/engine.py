@@ -174,9 +174,9 @@ class _Memory:
     bodies: dict[tuple, bool] = field(default_factory=dict)
 
     def same_body(self, step: DraftStep, target) -> bool:
-        """``step.same_body(target)``, read once per pair while neither model's parameters change in place."""
-        key = (id(target), sum(p._version for p in target.parameters()),
-               sum(p._version for p in step.model.parameters()))
+        """``step.same_body(target)``, read once per pair while neither model's parameters change in place (models
+        made in inference mode keep no version counters: read once per pair)."""
+        key = (id(target), _versions(target), _versions(step.model))
         if key not in self.bodies:
             self.bodies[key] = step.same_body(target)
         return self.bodies[key]
@@ -196,6 +196,14 @@ class _Memory:
 
 
 _MEMORIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # drafter -> _Memory
+
+
+def _versions(model) -> int | None:
+    """The sum of ``model``'s parameters' version counters (in-place changes move it); None for inference tensors."""
+    try:
+        return sum(p._version for p in model.parameters())
+    except RuntimeError:  # "Inference tensors do not track version counter"
+        return None
 
 
 def stop_models(assistant) -> dict[tuple, confidence.StopModel]:
