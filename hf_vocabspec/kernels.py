@@ -62,7 +62,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .modeling import quantization_ops_available, quantize_weight, serve_quantized
+from .modeling import quantization_ops_available, quantize_weight, serve_quantized, version_of
 
 __all__ = ["DRAFT_CANDIDATES", "DRAFT_MAX_ROWS", "EXACT_ROWS", "MARGIN", "MAX_ROWS", "MEMORY_SHARE", "PREFILL_CANDIDATES", "TRIALS",
            "FastLinears", "KernelChoice", "KernelKey", "available", "choices", "compiled_int8_copies", "decided_int8",
@@ -257,7 +257,7 @@ def release(model: nn.Module | None = None) -> None:
 
 def _packed(module: nn.Linear) -> torch.Tensor | None:
     weight = module.weight
-    stamp = (weight.data_ptr(), weight._version)
+    stamp = (weight.data_ptr(), version_of(weight))
     entry = _PACKED.get(module)
     if entry is not None and entry[:2] == stamp:
         return entry[2]
@@ -273,7 +273,7 @@ def _int8(module: nn.Linear):
     """The module's weight-only int8 copy (``modeling.quantize_weight``: the one home of the quantization), made on
     first use and kept like the packed copy."""
     weight = module.weight
-    stamp = (weight.data_ptr(), weight._version)
+    stamp = (weight.data_ptr(), version_of(weight))
     entry = _INT8.get(module)
     if entry is not None and entry[:2] == stamp:
         return entry[2]
@@ -363,7 +363,7 @@ def fused_norm_scale(module: nn.Module):
         return None
     entry = _NORMS.get(module)
     weight = module.weight
-    if entry is None or entry[:2] != (weight.data_ptr(), weight._version) or not entry[3]:
+    if entry is None or entry[:2] != (weight.data_ptr(), version_of(weight)) or not entry[3]:
         return None
     return (entry[2],)
 
@@ -523,7 +523,7 @@ def fused_norm(module: nn.Module, x: torch.Tensor, scale: torch.Tensor | None) -
 
 def _norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     weight = self.weight
-    stamp = (weight.data_ptr(), weight._version)
+    stamp = (weight.data_ptr(), version_of(weight))
     entry = _NORMS.get(self)
     if entry is not None and entry[:2] == stamp:
         if not entry[3]:

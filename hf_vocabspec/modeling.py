@@ -171,8 +171,18 @@ def _int4_group(in_features: int) -> int | None:
     return next((g for g in (INT4_GROUP_SIZE, 64, 32) if g <= INT4_GROUP_SIZE and in_features % g == 0), None)
 
 
+def version_of(t: torch.Tensor) -> int:
+    """``t``'s version counter (an in-place change moves it): what the copies made of a weight are stamped with. -1 for
+    an inference tensor (a model made under ``torch.inference_mode``), which keeps none: its copies are then kept for
+    its storage (a weight changed in place inside inference mode keeps stale copies; replaced, it gets new ones)."""
+    try:
+        return t._version
+    except RuntimeError:  # "Inference tensors do not track version counter"
+        return -1
+
+
 def _stamp(weight: torch.Tensor) -> tuple:
-    return weight.data_ptr(), weight._version, weight.dtype
+    return weight.data_ptr(), version_of(weight), weight.dtype
 
 
 def quantize_weight(weight: torch.Tensor, scheme: str) -> tuple[_QuantizedWeight, torch.Tensor]:

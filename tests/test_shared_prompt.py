@@ -57,11 +57,10 @@ def test_the_same_body_is_recognised_and_only_it():
 
 
 def test_models_made_in_inference_mode_share_too():
-    """Parameters made under torch.inference_mode keep no version counters: the pair is still recognised (once).
-    (The fast linears stamp their copies with version counters too: off here.)"""
+    """Parameters made under torch.inference_mode keep no version counters (``modeling.version_of``): the pair is
+    still recognised (once), and the fast linears' copies of the weights are still made and kept."""
     with torch.inference_mode():
         target, drafter = _own_body()
-    drafter.use_fast_linears = False
     prompt = torch.tensor([[4, 9, 11, 6, 20, 7]])
     out = target.generate(prompt, do_sample=False, max_new_tokens=12, assistant_model=drafter)
     assert torch.equal(out, target.generate(prompt, do_sample=False, max_new_tokens=12))

