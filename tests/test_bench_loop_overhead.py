@@ -54,5 +54,6 @@ def test_checks_run_the_default_drafters_per_draft_checks_without_firing(capsys)
     for row in rows:
         cells = [c.strip() for c in row.split("|")]
         syncs, steps = float(cells[7].split()[0]), float(cells[8].split()[0])
-        # (--quick's 32 tokens: 5 rounds of 5 drafts and a last one without: 4.3 steps a round)
-        assert steps >= 4 and syncs >= steps + 0.5, row
+        # (--quick's 32 tokens: the target's own first step (the drafter, the target's copy, takes its prompt cache),
+        # 5 rounds of 5 drafts and the budget's last ones without: ~3.6 steps a round)
+        assert steps >= 3.5 and syncs >= steps + 0.5, row
