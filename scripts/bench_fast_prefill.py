@@ -78,18 +78,18 @@ def agreement(drafter, prompts, kernel: str) -> tuple[int, int]:
     return same, total
 
 
-def prefill_table(args, job, mine) -> None:
-    """Part 1 on ``job`` (``args``: the job's options; ``mine``: --lengths, --repeats)."""
+def prefill_table(args, job) -> None:
+    """Part 1 on ``job`` (``args``: the job's options with --lengths, --repeats)."""
     body = model_body(job.drafter)
     vocab = body.get_input_embeddings().weight.shape[0]
     names = {None: f"F.linear ({str(job.dtype).removeprefix('torch.')})", "float32": "float32", "w8a8": "w8a8"}
     kinds = [k for k in names if k is None or k in kernels._prefill_candidates(job.dtype)]
     rows, info = [], machine_info()
     with torch.no_grad():
-        for n in mine.lengths:
+        for n in args.lengths:
             ids = (torch.arange(n)[None] * 7919 + 13) % vocab
             times = {names[k]: [] for k in kinds}
-            for r in range(mine.repeats + 1):
+            for r in range(args.repeats + 1):
                 for k in kinds:
                     seconds = forward_seconds(body, ids, k)
                     if r:
@@ -104,7 +104,7 @@ def prefill_table(args, job, mine) -> None:
     base = names[None]
     head = " | ".join(f"{names[k]} s (median, range)" for k in kinds)
     lines = [f"# The default drafter's prefill ({args.drafter}, k = {job.kept_vocab}, {job.dtype}), each prefill kernel "
-             f"forced, {mine.repeats} alternating repeats", "", f"machine: {info}", "",
+             f"forced, {args.repeats} alternating repeats", "", f"machine: {info}", "",
              f"| positions | {head} | " + " | ".join(f"{base} / {names[k]}" for k in kinds if k) + " |",
              "|---|" + "---|" * (2 * len(kinds) - 1)]
     for r in rows:
@@ -122,11 +122,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(add_help=False)
     ap.add_argument("--lengths", type=int, nargs="+", default=[100, 250, 500], help="prefill positions timed")
     ap.add_argument("--repeats", type=int, default=5, help="alternating timed forwards per length and kernel")
-    mine, rest = ap.parse_known_args()
     description = __doc__.splitlines()[0].rstrip(".")
-    args = default_drafter_job_args(description, prompts=16, output=OUTPUT, argv=rest)
+    args = default_drafter_job_args(description, prompts=16, output=OUTPUT, parents=(ap,))
     job = default_drafter_job(args)  # (loaded once: both parts run on it)
-    prefill_table(args, job, mine)
+    prefill_table(args, job)
     drafter_switch_job(description, switch="use_fast_prefill", on="fast prefill", off="prefill in F.linear",
                        prompts=16, output=OUTPUT, args=args, job=job)
 

@@ -23,13 +23,13 @@ Smallest checks: python scripts/bench_shared_prompt.py --prompts 2 --max-new-tok
 
 from __future__ import annotations
 
+import argparse
 import statistics
-import sys
-import time
 from pathlib import Path
 
 import torch
 
+from hf_vocabspec.evaluation.batch_bench import eos_ids, left_padded, timed_call
 from hf_vocabspec.evaluation.benchmark import (
     applied_attrs,
     baseline_mode,
@@ -46,6 +46,7 @@ TITLE = __doc__.splitlines()[0].rstrip(".")
 
 def batched(args, job, sizes: list[int], repeats: int) -> None:
     pad = int(job.target.generation_config.pad_token_id or 0)
+    eos = eos_ids(job.target)
     gen = {"do_sample": False, "max_new_tokens": args.max_new_tokens, "pad_token_id": pad}
     report = {"config": vars(args) | {"kept_vocab": job.kept_vocab, "dtype": str(job.dtype), "batch_sizes": sizes,
                                       "repeats": repeats}, "machine": machine_info(), "runs": []}
@@ -55,20 +56,17 @@ def batched(args, job, sizes: list[int], repeats: int) -> None:
              "| batch | target-only tok/s | prompt cache taken | prompt read by the drafter | rows equal target-only |",
              "|---|---|---|---|---|"]
     for b in sizes:
-        prompts = job.prompts[:b]
-        P = max(p.shape[1] for p in prompts)
-        ids = torch.full((b, P), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, p in enumerate(prompts):
-            ids[i, P - p.shape[1]:], mask[i, P - p.shape[1]:] = p[0], 1
+        ids, mask = left_padded(job.prompts[:b], pad)
+        P = ids.shape[1]
 
         def target_only():
             with fast_linears(job.target), baseline_mode("target"):
-                return job.target.generate(input_ids=ids, attention_mask=mask, **gen)
+                return [(job.target.generate(input_ids=ids, attention_mask=mask, **gen), P)]
 
         def drafter(share: bool):
             with applied_attrs(job.drafter, {"share_prompt_cache": share}), torch.no_grad():
-                return job.target.generate(input_ids=ids, attention_mask=mask, assistant_model=job.drafter, **gen)
+                return [(job.target.generate(input_ids=ids, attention_mask=mask, assistant_model=job.drafter,
+                                             **gen), P)]
 
         calls = {"target only (fast linears)": target_only, "prompt cache taken": lambda: drafter(True),
                  "prompt read by the drafter": lambda: drafter(False)}
@@ -76,19 +74,17 @@ def batched(args, job, sizes: list[int], repeats: int) -> None:
         outputs = {}
         for rep in range(repeats + 1):  # the first round warms up (kernel choices), dropped
             for name, call in calls.items():
-                start = time.perf_counter()
-                out = call()
-                seconds = time.perf_counter() - start
-                outputs[name] = out
+                result = timed_call(call, P, eos, pad)
+                outputs[name] = result.outputs
                 if rep:
-                    rates[name].append(((out[:, P:] != pad).sum().item() or out[:, P:].numel()) / seconds)
+                    rates[name].append(result.new_tokens / result.seconds)
         base = rates["target only (fast linears)"]
         run = {"batch": b, "tokens_per_s": rates, "vs_target_only": {}, "rows_equal": {}}
         cells = []
         for name in list(calls)[1:]:
             ratios = [x / y for x, y in zip(rates[name], base)]
             run["vs_target_only"][name] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
-            run["rows_equal"][name] = bool(torch.equal(outputs[name], outputs["target only (fast linears)"]))
+            run["rows_equal"][name] = outputs[name] == outputs["target only (fast linears)"]
             cells.append(f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
         report["runs"].append(run)
         equal = "/".join("yes" if v else "NO" for v in run["rows_equal"].values())
@@ -97,20 +93,14 @@ def batched(args, job, sizes: list[int], repeats: int) -> None:
 
 
 def main() -> None:
-    argv = sys.argv[1:]
-    sizes, repeats = [], 2
-    if "--batch-sizes" in argv:
-        i = argv.index("--batch-sizes")
-        j = i + 1
-        while j < len(argv) and not argv[j].startswith("--"):
-            j += 1
-        sizes, argv = [int(x) for x in argv[i + 1:j]], argv[:i] + argv[j:]
-    if "--repeats" in argv:
-        i = argv.index("--repeats")
-        repeats, argv = int(argv[i + 1]), argv[:i] + argv[i + 2:]
-    args = default_drafter_job_args(TITLE, prompts=max([8, *sizes]), output="results/bench-shared-prompt", argv=argv)
-    if sizes:
-        batched(args, default_drafter_job(args), sizes, repeats)
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[],
+                    help="time left-padded batches of these sizes instead of batch 1 (default: batch 1)")
+    ap.add_argument("--repeats", type=int, default=2, help="timed rounds per batch size, after one untimed")
+    args = default_drafter_job_args(TITLE, prompts=8, output="results/bench-shared-prompt", parents=(ap,))
+    if args.batch_sizes:
+        args.prompts = max(args.prompts, *args.batch_sizes)
+        batched(args, default_drafter_job(args), args.batch_sizes, args.repeats)
         return
     drafter_switch_job(TITLE, switch="share_prompt_cache", on="prompt cache taken", off="prompt read by the drafter",
                        prompts=8, output=args.output, args=args)

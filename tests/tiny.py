@@ -193,14 +193,10 @@ def save_tiny_cli_model(folder, seed: int = 0) -> None:
 
 def left_padded(lengths: list[int], seed: int = 0):
     """(ids, mask): random prompts of these lengths, left-padded with 0 (the batched tests' batch)."""
+    from hf_vocabspec.evaluation.batch_bench import left_padded as batch_of
+
     g = torch.Generator().manual_seed(seed)
-    P = max(lengths)
-    ids = torch.zeros(len(lengths), P, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, n in enumerate(lengths):
-        ids[i, P - n :] = torch.randint(3, VOCAB, (n,), generator=g)
-        mask[i, P - n :] = 1
-    return ids, mask
+    return batch_of([torch.randint(3, VOCAB, (n,), generator=g)[None] for n in lengths], pad=0)
 
 
 def fake_compile(monkeypatch, target) -> list[int]:

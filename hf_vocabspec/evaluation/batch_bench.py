@@ -86,7 +86,23 @@ def _new_tokens(seq: torch.Tensor, prompt_len: int, eos: set[int], pad: int | No
     return rows
 
 
-def _timed(fn, prompt_len: int, eos: set[int], pad) -> CallResult:
+def left_padded(prompts: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts (each ``[1, n]``) as one left-padded batch: ``input_ids`` and ``attention_mask``."""
+    P = max(p.shape[1] for p in prompts)
+    ids = torch.full((len(prompts), P), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompts), P), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, P - p.shape[1] :], mask[i, P - p.shape[1] :] = p[0], 1
+    return ids, mask
+
+
+def eos_ids(model) -> set[int]:
+    """The token ids that end a row of ``model.generate`` (its generation config's ``eos_token_id``)."""
+    eos = model.generation_config.eos_token_id
+    return {int(t) for t in ([eos] if isinstance(eos, int) else (eos or []))}
+
+
+def timed_call(fn, prompt_len: int, eos: set[int], pad) -> CallResult:
     base = _rss_mb("VmRSS") if _reset_peak() else None
     start = time.perf_counter()
     seqs = fn()
@@ -147,8 +163,7 @@ def run_batch_bench(cfg: BatchBenchConfig, out_dir, progress=None) -> dict:
                          trimmed.generation_config.assistant_confidence_threshold or 0.0)
     prompts = eval_prompts(work.held_out, tokenizer, 0, max(cfg.batch_sizes), 512, cfg.answer_prefix_tokens)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    eos = {int(t) for t in ([target.generation_config.eos_token_id] if isinstance(target.generation_config.eos_token_id, int)
-                            else (target.generation_config.eos_token_id or []))}
+    eos = eos_ids(target)
     gen = {"do_sample": False, "max_new_tokens": cfg.max_new_tokens, "pad_token_id": pad}
     report = {"config": asdict(cfg), "machine": machine_info(), "kept_vocab": int(k), "full_vocab": len(tokenizer),
               "draft_length": int(trimmed.generation_config.num_assistant_tokens),
@@ -157,17 +172,9 @@ def run_batch_bench(cfg: BatchBenchConfig, out_dir, progress=None) -> dict:
     # what rounds of several rows draft (the engine's cap where a confidence stop cannot end the drafting)
     report["batched_draft_length"] = capped_draft_length(report["draft_length"], report["confidence_threshold"])
 
-    def batch_of(b):
-        P = max(p.shape[1] for p in prompts[:b])
-        ids = torch.full((b, P), pad, dtype=torch.long)
-        mask = torch.zeros((b, P), dtype=torch.long)
-        for i, p in enumerate(prompts[:b]):
-            ids[i, P - p.shape[1] :], mask[i, P - p.shape[1] :] = p[0], 1
-        return ids, mask
-
     with torch.no_grad():
         for b in cfg.batch_sizes:
-            ids, mask = batch_of(b)
+            ids, mask = left_padded(prompts[:b], pad)
             P = ids.shape[1]
             calls = {"target only": lambda: _as_baseline(
                          lambda: [(target.generate(input_ids=ids, attention_mask=mask, **gen), P)]),
@@ -182,7 +189,7 @@ def run_batch_bench(cfg: BatchBenchConfig, out_dir, progress=None) -> dict:
             results: dict[str, list[CallResult]] = {name: [] for name in calls}
             for _ in range(cfg.repeats + 1):  # first repeat warms up, dropped
                 for name, fn in calls.items():
-                    r = _timed(fn, P, eos, pad)
+                    r = timed_call(fn, P, eos, pad)
                     if name == "trimmed speculative":
                         r.stats = trimmed.last_speculation_stats.to_dict()
                         r.stats.pop("per_round_accepted", None)

@@ -813,11 +813,14 @@ def eval_results_from_benchmark(report: dict | str | os.PathLike, kept_vocab: in
     return rows
 
 
-def default_drafter_job_args(description: str, prompts: int, output: str, argv: list[str] | None = None):
-    """The parsed options of a bench over a job of prompts with the default drafter (``default_drafter_job``)."""
+def default_drafter_job_args(description: str, prompts: int, output: str, argv: list[str] | None = None,
+                             parents: tuple = ()):
+    """The parsed options of a bench over a job of prompts with the default drafter (``default_drafter_job``);
+    ``parents``: argparse parsers (``add_help=False``) with a script's own options, parsed and listed in --help too."""
     import argparse
 
-    ap = argparse.ArgumentParser(description=description)
+    ap = argparse.ArgumentParser(description=description, parents=list(parents),
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--target", default="offline:gemma-3-270m")
     ap.add_argument("--drafter", default="offline:gemma-3-270m")
     ap.add_argument("--dataset", default="offline:sharegpt", help="counted for the kept vocabulary; prompts from its held-out half")

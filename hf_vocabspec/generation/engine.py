@@ -421,9 +421,8 @@ class _AlignedCache:
         drafter whose body is the target's takes the target's prompt cache. False (nothing taken) where a layer of
         either holds more than keys and values (convolution states, indexer keys) or the two differ in layers."""
         layers = source.cache.layers
-        if self.length or not self.attention_only or len(layers) != len(self.cache.layers) or any(
-                type(x) not in (DynamicLayer, StaticLayer) or [n for n, _, _ in self._columns(x)] != ["keys", "values"]
-                for x in layers):
+        if (self.length or not (self.attention_only and source.attention_only) or len(layers) != len(self.cache.layers)
+                or any(len(self._columns(x)) != 2 for x in layers)):  # (every source layer holds its keys, values)
             return False
         for i, layer in enumerate(layers):
             keys, values = (getattr(layer, n).narrow(2, 0, source.length).to(dtype) for n in ("keys", "values"))
