@@ -23,6 +23,7 @@ from transformers import AutoConfig, GenerationConfig, PreTrainedConfig
 
 __all__ = [
     "CAPPED_DRAFT_LENGTH",
+    "CAPPED_FROM_ROWS",
     "DEFAULT_CONFIDENCE_THRESHOLD",
     "DEFAULT_NUM_ASSISTANT_TOKENS",
     "MODEL_TYPE",
@@ -58,10 +59,14 @@ MODEL_TYPE = "hf_vocabspec_trimmed_drafter"
 DEFAULT_NUM_ASSISTANT_TOKENS = 12
 DEFAULT_CONFIDENCE_THRESHOLD = 0.4
 # Where a confidence stop cannot end the drafting early, the drafter's L is only a cap: SSD's trees (no stop) and
-# rounds of several rows (the batch drafts on while any row is sure; a batch's last row left drafts L again) draft at
-# most this many, unless generate() is given num_assistant_tokens (pair G at batch 4, machine D, 2026-11-28: L = 12 with the stop 1.11x, L = 5 1.27x
-# same-kernel batched target-only).
+# rounds of CAPPED_FROM_ROWS rows or more (the batch drafts on while any row is sure) draft at most this many, unless
+# generate() is given num_assistant_tokens (pair G at batch 4, machine D, 2026-11-28: L = 12 with the stop 1.11x,
+# L = 5 1.27x same-kernel batched target-only). Rounds of one or two rows draft the drafter's L with its stop: pair G
+# at batch 2 on machine F (AMD EPYC Zen 2, 2026-12-07, 8 ShareGPT prompts in batches of 2, two interleaved passes)
+# ran 1.67x same-kernel batched target-only uncapped against 1.55x with the cap of 5 (1.63 / 1.72x against 1.46 /
+# 1.64x per pass; tau 7.4 against 3.9 a row), while at batch 4 the two were even (1.31x / 1.32x).
 CAPPED_DRAFT_LENGTH = 5
+CAPPED_FROM_ROWS = 3
 
 
 def capped_draft_length(num_draft_tokens: int, confidence_threshold: float) -> int:

@@ -448,7 +448,8 @@ def test_auto_does_not_measure_an_iteration_that_compiled_or_ran_kernel_trials(m
 
 def test_rounds_of_several_rows_draft_at_most_5_of_a_confidence_stopped_L(library_draft_defaults):
     """A fresh drafter's L=12 is a cap for its confidence stop; several rows cannot stop together often, so their
-    rounds draft CAPPED_DRAFT_LENGTH at most, unless generate() is given num_assistant_tokens or no stop."""
+    rounds (of CAPPED_FROM_ROWS rows or more: the first round of three rows here) draft CAPPED_DRAFT_LENGTH at most,
+    unless generate() is given num_assistant_tokens or no stop."""
     from hf_vocabspec.configuration import CAPPED_DRAFT_LENGTH
 
     target, base = make_pair("llama", seed=3)
@@ -461,7 +462,7 @@ def test_rounds_of_several_rows_draft_at_most_5_of_a_confidence_stopped_L(librar
     def longest(**extra):
         out = target.generate(ids, assistant_model=drafter, **kw, **extra)
         assert torch.equal(out, ref)
-        return max(drafter.last_speculation_stats.per_round_proposed)
+        return max(drafter.last_speculation_stats.per_round_proposed[:3])  # the first round's (all three rows)
 
     gc = drafter.generation_config
     assert (CAPPED_DRAFT_LENGTH, gc.num_assistant_tokens, gc.assistant_confidence_threshold) == (5, 12, 0.4)
@@ -470,23 +471,25 @@ def test_rounds_of_several_rows_draft_at_most_5_of_a_confidence_stopped_L(librar
     assert longest(assistant_confidence_threshold=0.0) > CAPPED_DRAFT_LENGTH  # no stop: L is a length, not a cap
 
 
-def test_a_batchs_last_row_drafts_the_uncapped_L(library_draft_defaults):
-    """Once the other rows have finished, the row left drafts up to the drafter's L again (its confidence stop ends
-    its rounds, as at batch 1): a round of it proposes more than CAPPED_DRAFT_LENGTH, the output stays
-    target-only's; while both rows run, at most CAPPED_DRAFT_LENGTH."""
-    from hf_vocabspec.configuration import CAPPED_DRAFT_LENGTH
+def test_rounds_of_fewer_rows_than_capped_from_rows_draft_the_uncapped_L(library_draft_defaults):
+    """Once a batch's rows left are fewer than CAPPED_FROM_ROWS, their rounds draft up to the drafter's L again
+    (their confidence stop ends the rounds, as at batch 1): a round of two rows proposes more than
+    CAPPED_DRAFT_LENGTH, the output stays target-only's; while all three rows run, at most CAPPED_DRAFT_LENGTH.
+    (The former rule, capped for every round of several rows, fails the second half.)"""
+    from hf_vocabspec.configuration import CAPPED_DRAFT_LENGTH, CAPPED_FROM_ROWS
 
+    assert CAPPED_FROM_ROWS == 3
     target, base = make_pair("llama", seed=3, noise=0.0)  # every draft the target's own: long confident runs
     drafter = hf_vocabspec.trim_drafter(base, range(VOCAB))
     drafter.generation_config.batched_speculation = "on"
-    ids, mask = _batch([6, 9])
+    ids, mask = _batch([6, 9, 7])
     free = _reference(target, ids, mask, max_new_tokens=40)
-    eos = next(t for t in free[0][1:4] if t not in free[1])  # row 0 ends within 4 tokens, row 1 goes on
+    eos = next(t for t in free[0][1:4] if t not in free[1] + free[2])  # row 0 ends within 4 tokens, the rest go on
     kw = dict(attention_mask=mask, do_sample=False, max_new_tokens=40, eos_token_id=eos, pad_token_id=0)
     out = target.generate(ids, assistant_model=drafter, **kw)
     assert _rows(out, ids.shape[1], eos) == _reference(target, ids, mask, max_new_tokens=40, eos_token_id=eos,
                                                        pad_token_id=0)
     stats = drafter.last_speculation_stats
     proposed = stats.per_round_proposed
-    both = 2 * (stats.row_rounds - stats.rounds)  # row-rounds of the rounds both rows ran
-    assert max(proposed[:both]) <= CAPPED_DRAFT_LENGTH < max(proposed[both:]), proposed
+    three = 3 * (stats.row_rounds - 2 * stats.rounds)  # row-rounds of the rounds all three rows ran (then two)
+    assert three and max(proposed[:three]) <= CAPPED_DRAFT_LENGTH < max(proposed[three:]), proposed

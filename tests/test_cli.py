@@ -646,6 +646,7 @@ def test_batch_bench_header_names_the_draft_length_rounds_of_several_rows_use():
     report = dict(machine=machine, config=config, kept_vocab=13_395, full_vocab=262_144, runs=[], draft_length=12,
                   confidence_threshold=0.4, batched_draft_length=CAPPED_DRAFT_LENGTH)
     header = format_batch_report(report).splitlines()[0]
-    assert f"L={CAPPED_DRAFT_LENGTH} at batch > 1 (the drafter's L=12 with its confidence stop 0.4, capped)" in header
+    assert (f"L={CAPPED_DRAFT_LENGTH} at batch >= 3 (the drafter's L=12 with its confidence stop 0.4, capped; rounds of "
+            "fewer rows draft L)") in header
     report.update(confidence_threshold=0.0, batched_draft_length=12)
     assert ", L=12, greedy" in format_batch_report(report).splitlines()[0]

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from .._io import atomic_write
+from ..configuration import CAPPED_FROM_ROWS
 from ..generation import SpeculationStats
 
 
@@ -169,7 +170,7 @@ def run_batch_bench(cfg: BatchBenchConfig, out_dir, progress=None) -> dict:
               "draft_length": int(trimmed.generation_config.num_assistant_tokens),
               "confidence_threshold": float(trimmed.generation_config.assistant_confidence_threshold or 0.0),
               "runs": []}
-    # what rounds of several rows draft (the engine's cap where a confidence stop cannot end the drafting)
+    # what rounds of CAPPED_FROM_ROWS rows or more draft (the engine's cap where a confidence stop cannot end it)
     report["batched_draft_length"] = capped_draft_length(report["draft_length"], report["confidence_threshold"])
 
     with torch.no_grad():
@@ -246,7 +247,8 @@ def _draft_length_words(report: dict) -> str:
     batched = report.get("batched_draft_length", L)
     if batched == L:
         return f"L={L}" + (f" (confidence stop {stop:g})" if stop else "")
-    return f"L={batched} at batch > 1 (the drafter's L={L} with its confidence stop {stop:g}, capped)"
+    return (f"L={batched} at batch >= {CAPPED_FROM_ROWS} (the drafter's L={L} with its confidence stop {stop:g}, capped; "
+            "rounds of fewer rows draft L)")
 
 
 def _weights_words(report: dict) -> str:

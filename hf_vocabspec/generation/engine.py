@@ -53,6 +53,7 @@ from __future__ import annotations
 import statistics
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -471,7 +472,8 @@ class SpeculativeEngine:
                  confidence_threshold: float = 0.0, speculation: str = "auto", streamer=None,
                  schedule: str = "constant", keep_scores: bool = False, keep_logits: bool = False,
                  constrain_drafts: bool = True, target_call=None, compile_options: dict | None = None,
-                 compile_fallible: bool = False, one_row_draft_tokens: int | None = None):
+                 compile_fallible: bool = False,
+                 draft_tokens_for_rows: Callable[[int], int] | None = None):
         if speculation not in SPECULATION_MODES:
             raise ValueError(f"batched_speculation must be one of {SPECULATION_MODES}, got {speculation!r}: set "
                              "drafter.generation_config.batched_speculation to one of them.")
@@ -483,9 +485,10 @@ class SpeculativeEngine:
         self.B, self.P = B, P
         self.do_sample = bool(generation_config.do_sample)
         self.L = int(num_draft_tokens)
-        # a round of one row drafts up to this many (where the rows of a batch have finished but one: the confidence
-        # stop ends its rounds again, so the cap of rounds of several rows no longer applies; hooks._draft_length)
-        self.L_one = int(one_row_draft_tokens) if one_row_draft_tokens is not None else self.L
+        # what a round of n rows drafts at most (as a batch's rows finish, fewer rows stop together more often, so the
+        # cap of rounds of several rows may no longer apply: hooks._draft_length); num_draft_tokens for every n if None
+        self.L_rows = draft_tokens_for_rows if draft_tokens_for_rows is not None else (lambda rows: self.L)
+        most = max(self.L_rows(n) for n in range(1, B + 1))
         self.schedule = schedule
         self.speculation = speculation if B > 1 else ("on" if speculation == "auto" else speculation)
         self.vocab_size = target_rows(target)
@@ -525,7 +528,7 @@ class SpeculativeEngine:
             self.eos_table[self.eos] = True
         self.lagged_stop = lags_reads(self.device)  # the confidence stop read one draft late (GPU: no stall)
         # a static cache starts with room for max_length plus one round's drafts (``_AlignedCache.reserve`` grows it)
-        self.capacity = int(generation_config.max_length) + max(self.L, self.L_one) + FORCED_ROOM + 1
+        self.capacity = int(generation_config.max_length) + max(self.L, most) + FORCED_ROOM + 1
         if compile_options is not None:  # the drafter's steps compiled too, on a static cache of their own
             self.step.compile(compile_options, self.capacity, fallible=compile_fallible)
         self.target_cache = _AlignedCache(target_cache if target_cache is not None else
@@ -1077,8 +1080,9 @@ class SpeculativeEngine:
 
     def _speculative_round(self) -> int:
         budget = self._remaining() - 1  # drafts the longest row can still use
-        one = len(self.row_list) == 1 and self.target_call is None and not self.stepwise and self.schedule == "constant"
-        L = min(self.L_one if one else self.L, budget)
+        rows = len(self.row_list)
+        fewer = rows < self.B and self.target_call is None and not self.stepwise and self.schedule == "constant"
+        L = min(self.L_rows(rows) if fewer else self.L, budget)
         if self.target_call is not None and L >= 1:
             # compiled verify: every round verifies L + 1 positions, its end's rounds too (one shape, no recompile);
             # what a row accepts past its budget is never emitted (_emit cuts there), nor counted in the stats

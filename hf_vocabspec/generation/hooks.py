@@ -40,6 +40,7 @@ from .. import verify_head as _verify_head
 from .._versions import check, supported_range
 from ..compatibility import DEFAULT_FIX, check_compatibility, target_rows, target_tokenizer_fingerprint
 from ..configuration import (
+    CAPPED_FROM_ROWS,
     capped_draft_length,
     check_batched_speculation,
     check_constrain_drafts,
@@ -225,10 +226,10 @@ PLAIN_ASSISTANT_DRAFT_LENGTH = 5
 def _draft_length(assistant, generation_config, rows: int = 1, confidence_threshold: float = 0.0) -> int:
     """The draft length: a value passed to generate() wins over the drafter's own (HF ignores it, #40739); an
     untrimmed assistant left at transformers' default drafts PLAIN_ASSISTANT_DRAFT_LENGTH; a drafter's own L with
-    a ``confidence_threshold`` is a cap that rounds of several ``rows`` draw at most CAPPED_DRAFT_LENGTH from (a
-    batch's round of one row, its other rows finished, drafts the uncapped L: the engine's ``one_row_draft_tokens``)."""
+    a ``confidence_threshold`` is a cap that rounds of CAPPED_FROM_ROWS ``rows`` or more draw at most
+    CAPPED_DRAFT_LENGTH from (the engine asks again as a batch's rows finish: ``draft_tokens_for_rows``)."""
     L = int(_assistant_setting(assistant, generation_config, "num_assistant_tokens") or PLAIN_ASSISTANT_DRAFT_LENGTH)
-    if rows > 1 and _passed(generation_config, "num_assistant_tokens") is None:
+    if rows >= CAPPED_FROM_ROWS and _passed(generation_config, "num_assistant_tokens") is None:
         L = capped_draft_length(L, confidence_threshold)
     return L
 
@@ -336,7 +337,7 @@ def _run_engine(target, assistant, bound: dict, kernels: str = "F.linear (not ou
         attention_mask=model_kwargs.get("attention_mask"),
         target_cache=model_kwargs.get("past_key_values", model_kwargs.get("cache")),
         num_draft_tokens=_draft_length(assistant, generation_config, input_ids.shape[0], threshold),
-        one_row_draft_tokens=_draft_length(assistant, generation_config, 1, threshold),
+        draft_tokens_for_rows=lambda rows: _draft_length(assistant, generation_config, rows, threshold),
         confidence_threshold=threshold,
         schedule=_assistant_setting(assistant, generation_config, "num_assistant_tokens_schedule") or "constant",
         speculation=speculation, streamer=bound.get("streamer"),
