@@ -62,9 +62,10 @@ DEFAULT_CONFIDENCE_THRESHOLD = 0.4
 # rounds of CAPPED_FROM_ROWS rows or more (the batch drafts on while any row is sure) draft at most this many, unless
 # generate() is given num_assistant_tokens (pair G at batch 4, machine D, 2026-11-28: L = 12 with the stop 1.11x,
 # L = 5 1.27x same-kernel batched target-only). Rounds of one or two rows draft the drafter's L with its stop: pair G
-# at batch 2 on machine F (AMD EPYC Zen 2, 2026-12-07, 8 ShareGPT prompts in batches of 2, two interleaved passes)
-# ran 1.67x same-kernel batched target-only uncapped against 1.55x with the cap of 5 (1.63 / 1.72x against 1.46 /
-# 1.64x per pass; tau 7.4 against 3.9 a row), while at batch 4 the two were even (1.31x / 1.32x).
+# at batch 2 on machine F (AMD EPYC Zen 2, 2026-12-07, scripts/bench_draft_cap.py: 8 ShareGPT prompts in batches of
+# 2, two passes) ran 1.70x same-kernel batched target-only uncapped against 1.58x with the cap of 5 (1.64 / 1.77x
+# against 1.50 / 1.66x per pass; 7.6 against 3.9 tokens accepted a row and round); at batch 3 uncapped was within a
+# pass's spread (1.35x against 1.32x), at batch 4 even (docs/results/few-rows-uncapped-machine-f-2026-12-07.md).
 CAPPED_DRAFT_LENGTH = 5
 CAPPED_FROM_ROWS = 3
 

@@ -3,7 +3,7 @@
 The drafter's L (12) with a confidence stop is a cap where a stop cannot end a round's drafting: a round of several
 rows drafts on while any of its rows is sure, so rounds of ``configuration.CAPPED_FROM_ROWS`` rows or more draw at
 most ``CAPPED_DRAFT_LENGTH`` (5); rounds of fewer rows draft up to L (``generation/hooks.py`` ``_draft_length``).
-This times that rule against the cap for every round of two rows or more (the rule before it), on the default
+This times that rule against the cap for every round of --against rows or more (2: the rule before it), on the default
 drafter (``trim_drafter`` at --coverage, no tune; the auto dtype), the job's prompts in left-padded batches of
 --batch-size (every prompt once per pass), greedy, against batched target-only with the same fast linears in
 inference mode (as ``hf-vocabspec bench`` times it). The three methods run batch by batch, their order turned
@@ -38,15 +38,17 @@ from hf_vocabspec.generation import hooks
 from hf_vocabspec.kernels import fast_linears
 
 TITLE = __doc__.splitlines()[0].rstrip(".")
-TARGET, RULE, CAPPED = ("target only (fast linears)", f"capped from {CAPPED_FROM_ROWS} rows (the rule)",
-                        "capped from 2 rows (before)")
+TARGET, RULE = "target only (fast linears)", f"capped from {CAPPED_FROM_ROWS} rows (the rule)"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(add_help=False)
     ap.add_argument("--batch-size", type=int, default=2, help="rows per left-padded batch")
     ap.add_argument("--passes", type=int, default=2, help="timed passes over the job, after one untimed batch")
+    ap.add_argument("--against", type=int, default=2,
+                    help="the other method caps rounds of this many rows or more (2: the rule before CAPPED_FROM_ROWS)")
     args = default_drafter_job_args(TITLE, prompts=8, output="results/bench-draft-cap", parents=(ap,))
+    CAPPED = f"capped from {args.against} rows" + (" (before)" if args.against == 2 else "")
     job = default_drafter_job(args)
     pad = int(job.target.generation_config.pad_token_id or 0)
     eos = eos_ids(job.target)
@@ -64,7 +66,7 @@ def main() -> None:
                      ids.shape[1])]
 
     calls = {TARGET: target_only, RULE: lambda ids, mask: drafter(ids, mask, CAPPED_FROM_ROWS),
-             CAPPED: lambda ids, mask: drafter(ids, mask, 2)}
+             CAPPED: lambda ids, mask: drafter(ids, mask, args.against)}
     for call in calls.values():  # untimed: kernel choices, the adapted stop's first records
         call(*batches[0])
     seconds = {name: [0.0] * args.passes for name in calls}
