@@ -26,16 +26,14 @@ from unittest import mock
 import torch
 
 from hf_vocabspec.configuration import CAPPED_DRAFT_LENGTH, CAPPED_FROM_ROWS
-from hf_vocabspec.evaluation.batch_bench import eos_ids, left_padded, timed_call
+from hf_vocabspec.evaluation.batch_bench import eos_ids, left_padded, target_only_call, timed_call
 from hf_vocabspec.evaluation.benchmark import (
-    baseline_mode,
     default_drafter_job,
     default_drafter_job_args,
     machine_info,
     write_job_report,
 )
 from hf_vocabspec.generation import hooks
-from hf_vocabspec.kernels import fast_linears
 
 TITLE = __doc__.splitlines()[0].rstrip(".")
 TARGET, RULE = "target only (fast linears)", f"capped from {CAPPED_FROM_ROWS} rows (the rule)"
@@ -56,16 +54,13 @@ def main() -> None:
     batches = [left_padded(job.prompts[i:i + args.batch_size], pad)
                for i in range(0, len(job.prompts), args.batch_size)]
 
-    def target_only(ids, mask):
-        with fast_linears(job.target), baseline_mode("target"):
-            return [(job.target.generate(input_ids=ids, attention_mask=mask, **gen), ids.shape[1])]
 
     def drafter(ids, mask, capped_from: int):
         with mock.patch.object(hooks, "CAPPED_FROM_ROWS", capped_from), torch.no_grad():
             return [(job.target.generate(input_ids=ids, attention_mask=mask, assistant_model=job.drafter, **gen),
                      ids.shape[1])]
 
-    calls = {TARGET: target_only, RULE: lambda ids, mask: drafter(ids, mask, CAPPED_FROM_ROWS),
+    calls = {TARGET: lambda ids, mask: target_only_call(job.target, ids, mask, gen), RULE: lambda ids, mask: drafter(ids, mask, CAPPED_FROM_ROWS),
              CAPPED: lambda ids, mask: drafter(ids, mask, args.against)}
     for call in calls.values():  # untimed: kernel choices, the adapted stop's first records
         call(*batches[0])

@@ -29,17 +29,15 @@ from pathlib import Path
 
 import torch
 
-from hf_vocabspec.evaluation.batch_bench import eos_ids, left_padded, timed_call
+from hf_vocabspec.evaluation.batch_bench import eos_ids, left_padded, target_only_call, timed_call
 from hf_vocabspec.evaluation.benchmark import (
     applied_attrs,
-    baseline_mode,
     default_drafter_job,
     default_drafter_job_args,
     drafter_switch_job,
     machine_info,
     write_job_report,
 )
-from hf_vocabspec.kernels import fast_linears
 
 TITLE = __doc__.splitlines()[0].rstrip(".")
 
@@ -59,16 +57,13 @@ def batched(args, job, sizes: list[int], repeats: int) -> None:
         ids, mask = left_padded(job.prompts[:b], pad)
         P = ids.shape[1]
 
-        def target_only():
-            with fast_linears(job.target), baseline_mode("target"):
-                return [(job.target.generate(input_ids=ids, attention_mask=mask, **gen), P)]
 
         def drafter(share: bool):
             with applied_attrs(job.drafter, {"share_prompt_cache": share}), torch.no_grad():
                 return [(job.target.generate(input_ids=ids, attention_mask=mask, assistant_model=job.drafter,
                                              **gen), P)]
 
-        calls = {"target only (fast linears)": target_only, "prompt cache taken": lambda: drafter(True),
+        calls = {"target only (fast linears)": lambda: target_only_call(job.target, ids, mask, gen), "prompt cache taken": lambda: drafter(True),
                  "prompt read by the drafter": lambda: drafter(False)}
         rates: dict[str, list[float]] = {name: [] for name in calls}
         outputs = {}

@@ -128,12 +128,16 @@ def _first_diff_margin(target, prompt: torch.Tensor, ours: list[int], ref: list[
     return {"position": n, "margin": float(top[0] - top[1])}
 
 
-def _as_baseline(fn):
-    """``fn()`` in target-only's grad mode (``benchmark.baseline_mode``: inference mode)."""
+def target_only_call(target, ids: torch.Tensor, mask: torch.Tensor, gen: dict,
+                     fast: bool = True) -> list[tuple[torch.Tensor, int]]:
+    """Batched target-only generate as the benches time it, in target-only's grad mode (``benchmark.baseline_mode``:
+    inference mode) and, with ``fast``, the linear kernels our generate runs (the speed-up left to speculation
+    itself); ``[(sequences, prompt width)]`` for :func:`timed_call`."""
+    from ..kernels import fast_linears
     from .benchmark import baseline_mode
 
-    with baseline_mode("target"):
-        return fn()
+    with fast_linears(target, enabled=fast), baseline_mode("target"):
+        return [(target.generate(input_ids=ids, attention_mask=mask, **gen), ids.shape[1])]
 
 
 def run_batch_bench(cfg: BatchBenchConfig, out_dir, progress=None) -> dict:
@@ -177,10 +181,8 @@ def run_batch_bench(cfg: BatchBenchConfig, out_dir, progress=None) -> dict:
         for b in cfg.batch_sizes:
             ids, mask = left_padded(prompts[:b], pad)
             P = ids.shape[1]
-            calls = {"target only": lambda: _as_baseline(
-                         lambda: [(target.generate(input_ids=ids, attention_mask=mask, **gen), P)]),
-                     "target only (fast linears)": lambda: _with_fast_linears(target, lambda: _as_baseline(
-                         lambda: [(target.generate(input_ids=ids, attention_mask=mask, **gen), P)])),
+            calls = {"target only": lambda: target_only_call(target, ids, mask, gen, fast=False),
+                     "target only (fast linears)": lambda: target_only_call(target, ids, mask, gen),
                      "trimmed speculative": lambda: [(target.generate(input_ids=ids, attention_mask=mask,
                                                                       assistant_model=trimmed, **gen), P)]}
             if full is not None:
@@ -231,14 +233,6 @@ def run_batch_bench(cfg: BatchBenchConfig, out_dir, progress=None) -> dict:
             atomic_write(out / "results.json", lambda p: p.write_text(json.dumps(report, indent=2)))
     atomic_write(out / "results.md", lambda p: p.write_text(format_batch_report(report)))
     return report
-
-
-def _with_fast_linears(target, fn):
-    """Target-only with the linear kernels our generate runs: the speed-up left to speculation itself."""
-    from ..kernels import fast_linears
-
-    with fast_linears(target):
-        return fn()
 
 
 def _draft_length_words(report: dict) -> str:

@@ -485,10 +485,10 @@ class SpeculativeEngine:
         self.B, self.P = B, P
         self.do_sample = bool(generation_config.do_sample)
         self.L = int(num_draft_tokens)
-        # what a round of n rows drafts at most (as a batch's rows finish, fewer rows stop together more often, so the
-        # cap of rounds of several rows may no longer apply: hooks._draft_length); num_draft_tokens for every n if None
-        self.L_rows = draft_tokens_for_rows if draft_tokens_for_rows is not None else (lambda rows: self.L)
-        most = max(self.L_rows(n) for n in range(1, B + 1))
+        # what a round of n rows drafts at most, at [n - 1] (as a batch's rows finish, fewer rows stop together more
+        # often, so the cap of rounds of several rows may no longer apply: hooks._draft_length); read once per call
+        self.L_rows = ([int(draft_tokens_for_rows(n)) for n in range(1, B + 1)] if draft_tokens_for_rows is not None
+                       else [self.L] * B)
         self.schedule = schedule
         self.speculation = speculation if B > 1 else ("on" if speculation == "auto" else speculation)
         self.vocab_size = target_rows(target)
@@ -528,7 +528,7 @@ class SpeculativeEngine:
             self.eos_table[self.eos] = True
         self.lagged_stop = lags_reads(self.device)  # the confidence stop read one draft late (GPU: no stall)
         # a static cache starts with room for max_length plus one round's drafts (``_AlignedCache.reserve`` grows it)
-        self.capacity = int(generation_config.max_length) + max(self.L, most) + FORCED_ROOM + 1
+        self.capacity = int(generation_config.max_length) + max(self.L, *self.L_rows) + FORCED_ROOM + 1
         if compile_options is not None:  # the drafter's steps compiled too, on a static cache of their own
             self.step.compile(compile_options, self.capacity, fallible=compile_fallible)
         self.target_cache = _AlignedCache(target_cache if target_cache is not None else
@@ -1082,7 +1082,7 @@ class SpeculativeEngine:
         budget = self._remaining() - 1  # drafts the longest row can still use
         rows = len(self.row_list)
         fewer = rows < self.B and self.target_call is None and not self.stepwise and self.schedule == "constant"
-        L = min(self.L_rows(rows) if fewer else self.L, budget)
+        L = min(self.L_rows[rows - 1] if fewer else self.L, budget)
         if self.target_call is not None and L >= 1:
             # compiled verify: every round verifies L + 1 positions, its end's rounds too (one shape, no recompile);
             # what a row accepts past its budget is never emitted (_emit cuts there), nor counted in the stats
