@@ -423,18 +423,50 @@ def int8_gemm_pays() -> bool:
                 a = torch.randint(-127, 128, (128, 1024), dtype=torch.int8, generator=gen)
                 b = torch.randint(-127, 128, (1024, 1024), dtype=torch.int8, generator=gen)
                 x, w = a.float(), b.float()
-
-                def median_ms(fn) -> float:
-                    fn()
-                    times = []
-                    for _ in range(3):
-                        start = time.perf_counter()
-                        fn()
-                        times.append(time.perf_counter() - start)
-                    return statistics.median(times)
-
-                _INT8_GEMM_PAYS = median_ms(lambda: torch._int_mm(a, b.t())) <= median_ms(lambda: F.linear(x, w))
+                _INT8_GEMM_PAYS = (_median_seconds(lambda: torch._int_mm(a, b.t()))
+                                   <= _median_seconds(lambda: F.linear(x, w)))
     return _INT8_GEMM_PAYS
+
+
+# Whether a float32 layer's int8 copy runs faster on bfloat16 input (the "int8_bf16" form) than on its own float32
+# input: measured once per process (None: not yet), by ``narrow_int8_pays``, for the compiled steps' copies
+# (``compiled_int8_copies``), which cannot run the eager trials that choose between the two forms per layer. Why:
+# torch's int8 kernel has a vector path for bfloat16 input on AVX2 and none for float32 there. Measured on machine F
+# (AMD EPYC Zen 2, AVX2, 2026-12-08), pair G's float32 default drafter with compiled steps (``compile_draft_step``),
+# 8 ShareGPT prompts x 48 tokens: 78.7 ms a compiled step on float32 input against 17.8 ms on bfloat16 input (eager
+# steps: 21.8 ms).
+_NARROW_INT8_PAYS: bool | None = None
+
+
+def narrow_int8_pays() -> bool:
+    """Whether torch's int8 kernel on a 1 x 2048 x 2048 float32 product takes longer than the same product on its
+    input rounded to bfloat16 with bfloat16 scales, casts included (median of 3 after one untimed call each, ~1-10 ms
+    once per process); False without the int8 kernel."""
+    global _NARROW_INT8_PAYS
+    if _NARROW_INT8_PAYS is None:
+        if not quantization_ops_available("int8"):
+            _NARROW_INT8_PAYS = False
+        else:
+            with torch.no_grad():
+                gen = torch.Generator().manual_seed(0)
+                weight = torch.randint(-127, 128, (2048, 2048), dtype=torch.int8, generator=gen)
+                scales = torch.rand(2048, generator=gen) / 127
+                x = torch.randn(1, 2048, generator=gen)
+                narrow = scales.to(torch.bfloat16)
+                _NARROW_INT8_PAYS = (_median_seconds(lambda: int8_linear(x, weight, narrow))
+                                     < _median_seconds(lambda: int8_linear(x, weight, scales)))
+    return _NARROW_INT8_PAYS
+
+
+def _median_seconds(fn) -> float:
+    """``fn``'s median time of 3 calls after one untimed call (the one-off probes)."""
+    fn()
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def native_bf16() -> bool:
@@ -835,7 +867,8 @@ def compiled_int8_copies(model: nn.Module | None, enabled: bool = True) -> Itera
     eager one with its int8 copies (pair G on machine D, 2026-12-02: 24.1 against 21.3 ms per drafted token). With
     the copies traced the step reads half the bytes with its small ops fused, as a ``quantize_weights("int8")``
     drafter's compiled step does (14.4 ms there). Every layer takes the copy: the eager trials kept it on every
-    layer of pair G's drafter, and on pair Q's every layer int8 beat the trials' own mix (``DRAFT_CANDIDATES``).
+    layer of pair G's drafter, and on pair Q's every layer int8 beat the trials' own mix (``DRAFT_CANDIDATES``). A
+    float32 layer's copy runs on bfloat16 input (the "int8_bf16" form) where :func:`narrow_int8_pays`.
     Like the eager copies it changes what the drafter proposes, never the output, and leaves the weights as they
     are."""
     layers = []
@@ -846,7 +879,10 @@ def compiled_int8_copies(model: nn.Module | None, enabled: bool = True) -> Itera
             layers = []
     with ExitStack() as stack:
         for module in layers:
-            serve_quantized(module, _int8(module))  # the forward of quantize_weights("int8") drafters' layers
+            copy = _int8(module)
+            if copy.scales.dtype == torch.float32 and narrow_int8_pays():  # the "int8_bf16" form (see above)
+                copy = copy._replace(scales=_narrow_scales(module))
+            serve_quantized(module, copy)  # the forward of quantize_weights("int8") drafters' layers
             stack.callback(serve_quantized, module, None)
         yield len(layers)
 

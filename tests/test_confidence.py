@@ -175,3 +175,19 @@ def test_the_engine_adapts_the_stop_and_output_stays_the_targets(monkeypatch):
     assert torch.equal(out, target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kw))
     assert drafter.last_speculation_stats.confidence_stop == ""
     assert not confidence.adapts(drafter)
+
+
+def test_rounds_that_ran_kernel_trials_or_compiled_are_not_timed(monkeypatch):
+    """The stop weighs the steps' own seconds: a round in which a kernel trial ran (its forwards ran the slower
+    candidates) or a graph was compiled is recorded for its drafts' confidences and outcomes but not timed. Here
+    every round sees the trials counter move: no round is timed, the drafts are still judged and the output is
+    target-only's; the power check is the test above (the counter still: rounds are timed)."""
+    counter = iter(range(10**6))
+    monkeypatch.setattr(engine, "trials_run", lambda: next(counter))
+    target, drafter = _sure_pair()
+    ids = torch.randint(1, 64, (1, 6), generator=torch.Generator().manual_seed(4))
+    kw = dict(do_sample=False, max_new_tokens=40)
+    out = target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), assistant_model=drafter, **kw)
+    assert torch.equal(out, target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kw))
+    (model,) = engine.stop_models(drafter).values()
+    assert model.judged_drafts > 0 and len(model.timed) == 0

@@ -514,6 +514,50 @@ def test_w8a8_is_trialled_only_where_the_int8_gemm_pays(monkeypatch):
     assert kernels.int8_gemm_pays() is False
 
 
+@int8_kernel
+@pytest.mark.parametrize("pays", [True, False], ids=["narrow-pays", "power-float32"])
+def test_compiled_int8_copies_of_float32_layers_run_on_bf16_input_where_it_pays(pays, monkeypatch):
+    """The compiled steps' copies (``compiled_int8_copies``) cannot trial "int8" against "int8_bf16" per layer as
+    the eager fast linears do: a float32 layer's copy takes bfloat16 scales (its input rounded to bfloat16, the
+    product widened back) where the once-per-process probe finds that form faster, else its float32 scales; the
+    layer's output is then exactly that form's (the "int8_bf16" kernel's or the "int8" one's)."""
+    monkeypatch.setattr(kernels, "_NARROW_INT8_PAYS", pays)
+    layer = nn.Linear(64, 32)
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), kernels.compiled_int8_copies(nn.Sequential(layer)) as served:
+        assert served == 1
+        copy = kernels._int8(layer)
+        scales = copy.scales.to(torch.bfloat16) if pays else copy.scales
+        assert layer.__dict__["_vocabspec_quantized"].scales.dtype == scales.dtype
+        out = layer(x)
+        assert out.dtype == torch.float32 and torch.equal(out, kernels.int8_linear(x, copy.weight, scales, layer.bias))
+    assert "_vocabspec_quantized" not in layer.__dict__  # restored
+
+
+@int8_kernel
+def test_the_narrow_int8_probe_picks_the_faster_form(monkeypatch):
+    """The probe times the int8 kernel on float32 input against bfloat16 input once per process: a form made slow
+    loses."""
+    import time as _time
+
+    real = kernels.int8_linear
+
+    def slow_when(dtype):
+        def run(x, weight, scales, bias=None):
+            if scales.dtype == dtype:
+                _time.sleep(0.02)
+            return real(x, weight, scales, bias)
+        return run
+
+    for slow, expected in ((torch.bfloat16, False), (torch.float32, True)):
+        monkeypatch.setattr(kernels, "_NARROW_INT8_PAYS", None)
+        monkeypatch.setattr(kernels, "int8_linear", slow_when(slow))
+        assert kernels.narrow_int8_pays() is expected
+    monkeypatch.setattr(kernels, "int8_linear", real)
+    monkeypatch.setattr(kernels, "_NARROW_INT8_PAYS", None)
+    assert isinstance(kernels.narrow_int8_pays(), bool)
+
+
 # --- the fast prefill: a drafter's forwards past MAX_ROWS rows trial w8a8 and (bf16) float32 kernels --------------
 @pytest.fixture
 def prefill(monkeypatch):

@@ -1096,6 +1096,8 @@ class SpeculativeEngine:
             self.stats.per_round_accepted.extend([0] * rows)
             self.stats.per_round_proposed.extend([0] * rows)
             return self._plain_step(round_=True)
+        trials = trials_run()
+        graphs = compiled_graphs() if self.step.compiled or self.target_call is not None else None
         start = time.perf_counter()
         self._take_context()
         fresh = self.seq[:, self.target_cache.length :]  # the last token (the whole prompt in the first round)
@@ -1108,9 +1110,10 @@ class SpeculativeEngine:
         t_verify = time.perf_counter()
         self.stats.draft_seconds += t_draft - start
         self.stats.verify_seconds += t_verify - t_draft
-        if self.stop is not None:
+        if self.stop is not None:  # timed: a round that neither prefilled, ran kernel trials nor compiled a graph
             self._adapt_stop(acc[0], props[0], t_draft - start, feed.shape[1], t_verify - t_draft,
-                             timed=fresh.shape[1] == 1)
+                             timed=fresh.shape[1] == 1 and trials_run() == trials and (
+                                 graphs is None or compiled_graphs() == graphs))
         rows_before = len(self.row_list)
         emitted = self._emit(draft_rows, acc, new, logits, raw)
         counted = (acc, props) if L <= budget else ([min(a, budget) for a in acc], [min(p, budget) for p in props])
@@ -1130,7 +1133,8 @@ class SpeculativeEngine:
     def _adapt_stop(self, accepted: int, proposed: int, draft_seconds: float, positions: int,
                     verify_seconds: float, timed: bool) -> None:
         """Record a round of one row for the adapted confidence stop (.confidence) and, every few rounds, move the
-        threshold to its choice. ``timed``: the round neither prefilled nor fed more than the last token."""
+        threshold to its choice. ``timed``: the round fed only the last token (no prefill), ran no kernel trial and
+        compiled no graph (their seconds are not the steps' own)."""
         seen, self.confidences = self.confidences, []
         self.stop.record(seen[:proposed], accepted, len(seen), draft_seconds, positions, verify_seconds, timed=timed)
         if self.stop.due():
