@@ -757,14 +757,10 @@ class FastLinears:
     compiled_int8_layers: int = 0  # the drafter body's layers its compiled steps run on int8 copies (compiled_int8_copies)
     draft_norms: int = 0  # the drafter's RMSNorms run through F.rms_norm (_norm_forward)
     lean_forward: bool = False  # the drafter's body runs hf_vocabspec.lean_forward (where checked equal)
-    lean_verify: bool = False  # the target's body runs it too, for its verify forwards (where checked equal)
     fast_prefill: bool = False  # some of the drafter's layers trial PREFILL_CANDIDATES past MAX_ROWS rows
 
     def __str__(self) -> str:
-        lean = {(True, True): "; the drafter's body and the target's verify through the lean forward",
-                (True, False): "; the drafter's body through the lean forward",
-                (False, True): "; the target's verify through the lean forward"}.get((self.lean_forward,
-                                                                                       self.lean_verify), "")
+        lean = "; the drafter's body through the lean forward" if self.lean_forward else ""
         if not self.layers:
             return f"F.linear ({self.reason})" + lean
         draft = (f", the drafter's {self.draft_layers} with int8 copies as candidates"

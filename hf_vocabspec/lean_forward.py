@@ -26,16 +26,12 @@ columns); else the body keeps its own forward (``CHECKED``). A call in which a k
 (``kernels.trials_run``: the two forwards may have run different kernels) decides nothing; the next call checks
 again. So what the drafter computes is unchanged, on any transformers release this runs with (tests: bitwise on
 Llama, Qwen2 and Gemma-3 bodies, padded rows, several fed positions, rollbacks, a sliding window crossed, the
-stacked layers in float32 and bfloat16). A drafter's body is served (``generation.hooks`` via ``generate_kernels``)
-and, in the same call, the target's for its verify forwards (L + 1 positions: the same check, its linears the
-modules, so the fast linears' choices, and its norms its own); the prompt's prefill and target-only generate keep
-the model's forward. Only on a dynamic cache (compiled steps and a compiled verify keep the model's forward).
-``drafter.use_lean_forward = False`` (:func:`wants_lean_forward`) keeps both bodies' own forwards.
+stacked layers in float32 and bfloat16). Only a drafter's body is ever served (``generation.hooks`` via
+``generate_kernels``), never a target's, and only on a dynamic cache (compiled steps keep the model's forward).
+``drafter.use_lean_forward = False`` (:func:`wants_lean_forward`) keeps the body's own forward.
 
 Measured (``scripts/bench_lean_forward.py``, pair G's default drafter, 16 ShareGPT prompts, machine E, 2026-12-07):
 draft step 31.6 -> 26.7 ms, 1.26x -> 1.38x same-run target-only; docs/results/cpu-goals-machine-e-2026-12-07.md.
-The target's verify through it (pair G's default job, 8 ShareGPT prompts x 48 tokens twice, interleaved, machine F,
-2026-12-08, an ad-hoc probe): verify 15.4 -> 14.7 s, the job 2.9% faster.
 """
 
 from __future__ import annotations

@@ -184,9 +184,7 @@ def generate_kernels(target: nn.Module, assistant, compiled: bool = False,
     is off, its prefill trialling the fast prefill's kernels unless ``use_fast_prefill`` is off, its RMSNorms fused
     unless ``use_fused_norms`` is off), then the verify head on the target's LM head unless ``use_verify_head`` is
     off, and a trimmed drafter's body through the lean forward (:mod:`hf_vocabspec.lean_forward`) unless
-    ``use_lean_forward`` is off or its steps run compiled, the target's body too (its verify forwards of up to
-    ``lean_forward.MAX_POSITIONS`` positions) unless ``use_lean_forward`` is off or the verify runs compiled. The
-    fast linears are entered first: a head they wrap is
+    ``use_lean_forward`` is off or its steps run compiled. The fast linears are entered first: a head they wrap is
     left alone by the verify head (it sees a replaced forward), so
     the verify head serves only where they do not (see :mod:`hf_vocabspec.kernels` for why both exist). Yields the
     fast linears' report (``stats.kernels``). ``compiled`` (the verify and the draft steps run compiled): neither,
@@ -205,21 +203,10 @@ def generate_kernels(target: nn.Module, assistant, compiled: bool = False,
                                  enabled=compiled_draft and fast_on and wants_int8_copies(assistant)) as traced, \
             verify_head(target, enabled=head and not compiled and wants_verify_head(assistant)), \
             lean_forwards(model_body(assistant) if isinstance(assistant, TrimmedDrafter) else None,
-                          enabled=not compiled and not compiled_draft and wants_lean_forward(assistant)) as lean, \
-            lean_forwards(_body_or_none(target), enabled=not compiled and wants_lean_forward(assistant)) as lean_verify:
+                          enabled=not compiled and not compiled_draft and wants_lean_forward(assistant)) as lean:
         fast.compiled_int8_layers = traced
         fast.lean_forward = lean
-        fast.lean_verify = lean_verify
         yield fast
-
-
-def _body_or_none(model: nn.Module) -> nn.Module | None:
-    """``model``'s decoder body, or None where it has none that :func:`model_body` finds (the lean forward then
-    serves nothing)."""
-    try:
-        return model_body(model)
-    except (ValueError, AttributeError, NotImplementedError):
-        return None
 
 
 def wants_verify_head(assistant) -> bool:

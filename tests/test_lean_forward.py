@@ -103,14 +103,13 @@ def test_generate_serves_the_body_lean_exactly(kind):
     body = drafter.model
     g = torch.Generator().manual_seed(0)
     lf.CHECKED.pop(body, None)
-    lf.CHECKED.pop(target.model, None)
     for _ in range(4):
         prompt = torch.randint(3, VOCAB, (1, int(torch.randint(2, 12, (1,), generator=g))), generator=g)
         kw = dict(do_sample=False, max_new_tokens=24)
         ref = target.generate(prompt, **kw)
         out = target.generate(prompt, assistant_model=drafter, **kw)
         assert torch.equal(ref, out)
-        assert "forward" not in body.__dict__ and "forward" not in target.model.__dict__  # restored after the call
+        assert "forward" not in body.__dict__  # restored after the call
         lean_stats = drafter.last_speculation_stats
         drafter.use_lean_forward = False
         assert torch.equal(target.generate(prompt, assistant_model=drafter, **kw), ref)
@@ -119,8 +118,8 @@ def test_generate_serves_the_body_lean_exactly(kind):
         # the same drafts either way (bitwise the same forward)
         assert (lean_stats.proposed, lean_stats.accepted) == (own_stats.proposed, own_stats.accepted)
         assert "lean forward" not in own_stats.kernels
-    assert lf.served(body) is True and lf.served(target.model) is True  # the target's verify forwards too
-    assert "the drafter's body and the target's verify through the lean forward" in lean_stats.kernels
+    assert lf.served(body) is True
+    assert "lean forward" in lean_stats.kernels
 
 
 def test_generate_batched_padded_rows_exactly():
@@ -134,19 +133,18 @@ def test_generate_batched_padded_rows_exactly():
     ref = target.generate(ids, **kw)
     assert torch.equal(target.generate(ids, assistant_model=drafter, **kw), ref)
     assert "lean forward" in drafter.last_speculation_stats.kernels and lf.served(drafter.model) is True
-    assert lf.served(target.model) is True
 
 
 def test_power_a_wrong_lean_forward_is_not_served(monkeypatch):
-    """generate's first-call check catches a lean forward that differs: the drafter's body and the target's keep
-    their own forwards, the output stays exact."""
+    """generate's first-call check catches a lean forward that differs: the body keeps its own forward, the
+    output stays exact."""
     target, base = make_pair("llama", seed=7, head_scale=8.0)
     drafter = hf_vocabspec.trim_drafter(base, range(VOCAB - 10))
     monkeypatch.setattr(lf, "lean_forward", _shifted)
     prompt = torch.tensor([[1, 6, 9, 14]])
     ref = target.generate(prompt, do_sample=False, max_new_tokens=16)
     assert torch.equal(target.generate(prompt, assistant_model=drafter, do_sample=False, max_new_tokens=16), ref)
-    assert lf.served(drafter.model) is False and lf.served(target.model) is False
+    assert lf.served(drafter.model) is False
 
 
 # --- the stacked int8 layers and merged norms (where the fast linears chose the int8 copies) ---------------------
