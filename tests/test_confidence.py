@@ -177,13 +177,17 @@ def test_the_engine_adapts_the_stop_and_output_stays_the_targets(monkeypatch):
     assert not confidence.adapts(drafter)
 
 
-def test_rounds_that_ran_kernel_trials_or_compiled_are_not_timed(monkeypatch):
+@pytest.mark.parametrize("counter", ["trials_run", "compiled_graphs"])
+def test_rounds_that_ran_kernel_trials_or_compiled_are_not_timed(counter, monkeypatch):
     """The stop weighs the steps' own seconds: a round in which a kernel trial ran (its forwards ran the slower
     candidates) or a graph was compiled is recorded for its drafts' confidences and outcomes but not timed. Here
-    every round sees the trials counter move: no round is timed, the drafts are still judged and the output is
-    target-only's; the power check is the test above (the counter still: rounds are timed)."""
-    counter = iter(range(10**6))
-    monkeypatch.setattr(engine, "trials_run", lambda: next(counter))
+    every round sees the counter move (for graphs, steps that say they run compiled, as compiled steps' rounds are
+    the ones that read it): no round is timed, the drafts are still judged and the output is target-only's; the
+    power check is the test above (the counters still: rounds are timed)."""
+    count = iter(range(10**6))
+    monkeypatch.setattr(engine, counter, lambda: next(count))
+    if counter == "compiled_graphs":
+        monkeypatch.setattr(engine.DraftStep, "compiled", property(lambda self: True))
     target, drafter = _sure_pair()
     ids = torch.randint(1, 64, (1, 6), generator=torch.Generator().manual_seed(4))
     kw = dict(do_sample=False, max_new_tokens=40)
