@@ -267,6 +267,13 @@ def compiled_graphs() -> int:
     return int(counters["stats"].get("unique_graphs", 0))
 
 
+def _one_offs(compiled: bool) -> tuple[int, int | None]:
+    """The kernel trials run and (``compiled``: a step or the verify runs compiled) the graphs compiled so far in
+    this process: a stretch of the loop in which either moved paid one-offs, and its seconds are not its own speed
+    (the speculation mode's measurements and the adapted stop's timed rounds leave it out)."""
+    return trials_run(), (compiled_graphs() if compiled else None)
+
+
 class _AlignedCache:
     """A cache whose rows are right-aligned: realign / compact / repeat / crop on every layer type it holds.
 
@@ -1096,8 +1103,8 @@ class SpeculativeEngine:
             self.stats.per_round_accepted.extend([0] * rows)
             self.stats.per_round_proposed.extend([0] * rows)
             return self._plain_step(round_=True)
-        trials = trials_run()
-        graphs = compiled_graphs() if self.step.compiled or self.target_call is not None else None
+        compiled = self.step.compiled or self.target_call is not None
+        marks = _one_offs(compiled) if self.stop is not None else None
         start = time.perf_counter()
         self._take_context()
         fresh = self.seq[:, self.target_cache.length :]  # the last token (the whole prompt in the first round)
@@ -1112,8 +1119,7 @@ class SpeculativeEngine:
         self.stats.verify_seconds += t_verify - t_draft
         if self.stop is not None:  # timed: a round that neither prefilled, ran kernel trials nor compiled a graph
             self._adapt_stop(acc[0], props[0], t_draft - start, feed.shape[1], t_verify - t_draft,
-                             timed=fresh.shape[1] == 1 and trials_run() == trials and (
-                                 graphs is None or compiled_graphs() == graphs))
+                             timed=fresh.shape[1] == 1 and _one_offs(compiled) == marks)
         rows_before = len(self.row_list)
         emitted = self._emit(draft_rows, acc, new, logits, raw)
         counted = (acc, props) if L <= budget else ([min(a, budget) for a in acc], [min(p, budget) for p in props])
@@ -1336,15 +1342,13 @@ class SpeculativeEngine:
                     self.stats.decision = why
                     self.stats.decisions.append(f"after {self.stats.rounds} rounds, {self.stats.plain_steps} "
                                                 f"plain steps: {why}")
-            graphs = compiled_graphs() if compiled else 0
-            trials = trials_run()
+            marks = _one_offs(compiled) if auto else None
             t0 = time.perf_counter()
             emitted = self._speculative_round() if mode == "speculate" else self._plain_step()
             seconds = time.perf_counter() - t0
             # (the first iteration after a switch pays one-offs; an iteration that compiled a graph paid its compile,
             # one that ran kernel trials their slower kernels: neither is the mode's speed)
-            if (auto and mode == last_mode and seconds > 0 and trials_run() == trials
-                    and (not compiled or compiled_graphs() == graphs)):
+            if auto and mode == last_mode and seconds > 0 and _one_offs(compiled) == marks:
                 self.measured.append(Measured(mode, emitted, seconds, rows, iteration))
             last_mode = mode
             iteration += 1
