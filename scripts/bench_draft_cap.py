@@ -54,13 +54,13 @@ def main() -> None:
     batches = [left_padded(job.prompts[i:i + args.batch_size], pad)
                for i in range(0, len(job.prompts), args.batch_size)]
 
-
     def drafter(ids, mask, capped_from: int):
         with mock.patch.object(hooks, "CAPPED_FROM_ROWS", capped_from), torch.no_grad():
             return [(job.target.generate(input_ids=ids, attention_mask=mask, assistant_model=job.drafter, **gen),
                      ids.shape[1])]
 
-    calls = {TARGET: lambda ids, mask: target_only_call(job.target, ids, mask, gen), RULE: lambda ids, mask: drafter(ids, mask, CAPPED_FROM_ROWS),
+    calls = {TARGET: lambda ids, mask: target_only_call(job.target, ids, mask, gen),
+             RULE: lambda ids, mask: drafter(ids, mask, CAPPED_FROM_ROWS),
              CAPPED: lambda ids, mask: drafter(ids, mask, args.against)}
     for call in calls.values():  # untimed: kernel choices, the adapted stop's first records
         call(*batches[0])

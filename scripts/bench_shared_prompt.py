@@ -57,13 +57,13 @@ def batched(args, job, sizes: list[int], repeats: int) -> None:
         ids, mask = left_padded(job.prompts[:b], pad)
         P = ids.shape[1]
 
-
         def drafter(share: bool):
             with applied_attrs(job.drafter, {"share_prompt_cache": share}), torch.no_grad():
                 return [(job.target.generate(input_ids=ids, attention_mask=mask, assistant_model=job.drafter,
                                              **gen), P)]
 
-        calls = {"target only (fast linears)": lambda: target_only_call(job.target, ids, mask, gen), "prompt cache taken": lambda: drafter(True),
+        calls = {"target only (fast linears)": lambda: target_only_call(job.target, ids, mask, gen),
+                 "prompt cache taken": lambda: drafter(True),
                  "prompt read by the drafter": lambda: drafter(False)}
         rates: dict[str, list[float]] = {name: [] for name in calls}
         outputs = {}
